@@ -1,0 +1,1 @@
+"""Graph builders for tree-structured sparse attention (BPT, SegTree)."""
