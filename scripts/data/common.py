@@ -1,0 +1,476 @@
+"""Steps shared by every corpus: find or download the raw files, read the raw formats,
+tokenize (sacremoses), learn/apply BPE (subword-nmt), and binarize (fairseq-preprocess).
+
+Layout written under ``out``::
+
+    out/text/{split}.{lang}      tokenized + BPE text, the input of fairseq-preprocess
+    out/{split}.raw.{lang}       untokenized text aligned with the binarized split
+                                 (the references that sacrebleu scores against)
+    out/{split}.docids           one document (TED talk) id per sentence, when known
+    out/bpe.codes[.{lang}]       subword-nmt merges
+    out/prep.json                what was done (read by scripts.evaluate)
+    out/dict.*.txt, out/{split}.{src}-{tgt}.{lang}.{bin,idx}   fairseq-preprocess output
+"""
+
+import gzip
+import json
+import multiprocessing
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import urllib.request
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+DEFAULT_CACHE = Path.home() / ".cache" / "fairseq_plugins" / "raw"
+
+
+def log(msg: str) -> None:
+    print(f"[prepare] {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- fetching
+
+
+@dataclass
+class Archive:
+    """A public download and the basenames of the files the corpus needs from it."""
+
+    url: str
+    members: Sequence[str]
+
+
+def _download(url: str, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_suffix(dest.suffix + ".part")
+    log(f"downloading {url}")
+    with urllib.request.urlopen(url) as resp, open(tmp, "wb") as fh:
+        total = int(resp.headers.get("Content-Length") or 0)
+        done = 0
+        while chunk := resp.read(1 << 20):
+            fh.write(chunk)
+            done += len(chunk)
+            pct = f" ({100 * done / total:.0f}%)" if total else ""
+            print(f"\r  {done >> 20} MiB{pct}", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    tmp.rename(dest)
+
+
+def _extract(archive: Path, into: Path) -> None:
+    """Unpack .tgz/.tar.gz/.tar/.zip, or gunzip a single .gz, into ``into``."""
+    into.mkdir(parents=True, exist_ok=True)
+    name = archive.name
+    log(f"extracting {name}")
+    if name.endswith((".tgz", ".tar.gz", ".tar")):
+        with tarfile.open(archive) as tar:
+            tar.extractall(into, filter="data")
+    elif name.endswith(".zip"):
+        with zipfile.ZipFile(archive) as zf:
+            zf.extractall(into)
+    elif name.endswith(".gz"):
+        with gzip.open(archive, "rb") as src, open(into / name[: -len(".gz")], "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    else:
+        raise ValueError(f"don't know how to unpack {archive}")
+
+
+def _archive_filename(url: str) -> str:
+    return url.rstrip("/").split("/")[-1].split("?")[0]
+
+
+def _find(root: Path, basename: str) -> Optional[Path]:
+    """A file called ``basename`` (or ``basename.gz``) anywhere under ``root``."""
+    if not root.is_dir():
+        return None
+    for candidate in (basename, basename + ".gz"):
+        hits = sorted(p for p in root.rglob(candidate) if p.is_file())
+        if hits:
+            return hits[0]
+    return None
+
+
+def locate(
+    archives: Sequence[Archive], raw_dir: Optional[Path], cache_dir: Path = DEFAULT_CACHE
+) -> Dict[str, Path]:
+    """Map every member basename of ``archives`` to a file on disk.
+
+    With ``raw_dir`` the files (or the archives themselves, still packed) must be under
+    it: nothing is downloaded. Without it each archive is downloaded into ``cache_dir``
+    once and unpacked there.
+    """
+    found: Dict[str, Path] = {}
+    missing: List[str] = []
+    for arc in archives:
+        packed_name = _archive_filename(arc.url)
+        unpacked = cache_dir / (packed_name + ".d")
+
+        def lookup(member):
+            return (_find(raw_dir, member) if raw_dir is not None else None) or _find(unpacked, member)
+
+        paths = {m: lookup(m) for m in arc.members}
+        if not all(paths.values()):
+            if raw_dir is not None:
+                packed = _find(raw_dir, packed_name)
+            else:
+                packed = cache_dir / packed_name
+                if not packed.exists():
+                    _download(arc.url, packed)
+            if packed is not None:
+                _extract(packed, unpacked)
+                paths = {m: lookup(m) for m in arc.members}
+        for member, path in paths.items():
+            if path is None:
+                missing.append(f"{member} (from {arc.url})")
+            else:
+                found[member] = path
+    if missing:
+        where = f"under {raw_dir}" if raw_dir is not None else f"in the downloads in {cache_dir}"
+        raise FileNotFoundError(f"raw files not found {where}:\n  " + "\n  ".join(missing))
+    return found
+
+
+# --------------------------------------------------------------------------- raw formats
+
+
+def _open_text(path: Path):
+    if str(path).endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def read_plain(path: Path) -> List[str]:
+    """One sentence per line (Europarl, CommonCrawl, News Commentary, Multi30K, ...)."""
+    with _open_text(path) as fh:
+        return [line.rstrip("\n").strip() for line in fh]
+
+
+_DOC_RE = re.compile(r'<doc\s[^>]*docid="([^"]*)"', re.IGNORECASE)
+_SEG_RE = re.compile(r"<seg[^>]*>(.*)</seg>", re.IGNORECASE)
+
+
+def read_mteval(path: Path) -> List[tuple]:
+    """(docid, sentence) pairs from an mteval XML file: WMT ``*.sgm`` and IWSLT ``*.xml``.
+
+    Like sacrebleu, the text inside ``<seg>`` is taken as-is (whitespace collapsed).
+    """
+    pairs, docid = [], None
+    with _open_text(path) as fh:
+        for line in fh:
+            doc = _DOC_RE.search(line)
+            if doc:
+                docid = doc.group(1)
+            seg = _SEG_RE.search(line)
+            if seg:
+                if docid is None:
+                    raise ValueError(f"{path}: <seg> outside a <doc docid=...>")
+                pairs.append((docid, " ".join(seg.group(1).split())))
+    if not pairs:
+        raise ValueError(f"{path}: no <seg> elements found; is it an mteval .sgm/.xml file?")
+    return pairs
+
+
+_TAG_LINE_RE = re.compile(r"^\s*<(\w+)[^>]*>(.*?)(</\1>)?\s*$")
+
+
+def read_ted_tags(path: Path, keep_tags: Sequence[str] = ()) -> List[tuple]:
+    """(talk id, sentence) pairs from an IWSLT ``train.tags.{src}-{tgt}.{lang}`` file.
+
+    Metadata lines (``<url>``, ``<talkid>``, ``<keywords>``, ...) are dropped, except
+    the text of tags in ``keep_tags`` (fairseq's IWSLT14 recipe keeps title and
+    description). A talk starts at ``<url>``; its id is the following ``<talkid>``.
+    """
+    pairs: List[tuple] = []
+    talk = None
+    pending: List[int] = []  # indices of sentences seen before this talk's <talkid>
+    with _open_text(path) as fh:
+        for line in fh:
+            line = line.strip()
+            tag = _TAG_LINE_RE.match(line) if line.startswith("<") else None
+            if tag is None:
+                if talk is None and not pending and not pairs:
+                    raise ValueError(f"{path}: text before the first <url>/<talkid>")
+                pairs.append((talk, line))
+                if talk is None:
+                    pending.append(len(pairs) - 1)
+                continue
+            name, text = tag.group(1).lower(), tag.group(2).strip()
+            if name == "url":
+                talk, pending = None, []
+            elif name == "talkid":
+                talk = text
+                for i in pending:
+                    pairs[i] = (talk, pairs[i][1])
+                pending = []
+            elif name in keep_tags:
+                pairs.append((talk, text))
+                if talk is None:
+                    pending.append(len(pairs) - 1)
+    if any(t is None for t, _ in pairs):
+        raise ValueError(f"{path}: a talk has no <talkid>")
+    return pairs
+
+
+def parallel_docs(src: List[tuple], tgt: List[tuple], what: str):
+    """Check two (docid, text) lists are sentence-aligned; return (docids, src, tgt)."""
+    if len(src) != len(tgt):
+        raise ValueError(f"{what}: {len(src)} source vs {len(tgt)} target sentences")
+    for i, ((ds, _), (dt, _)) in enumerate(zip(src, tgt)):
+        if ds != dt:
+            raise ValueError(f"{what}: sentence {i} is in document {ds!r} vs {dt!r}")
+    return [d for d, _ in src], [s for _, s in src], [t for _, t in tgt]
+
+
+# --------------------------------------------------------------------------- text processing
+
+_CJK = "\u2e80-\u2fdf\u3000-\u303f\u3040-\u30ff\u3100-\u312f\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef"
+_CJK_CHAR_RE = re.compile(f"([{_CJK}])")
+
+# Sennrich's WMT16 Romanian normalisation (cedilla -> comma below) then diacritics removal,
+# the preprocessing of Lee et al. (2018) used by the En-Ro papers.
+_RO_TABLE = str.maketrans(
+    {"\u015e": "S", "\u015f": "s", "\u0218": "S", "\u0219": "s", "\u0162": "T", "\u0163": "t",
+     "\u021a": "T", "\u021b": "t", "\u0102": "A", "\u0103": "a", "\u00c2": "A", "\u00e2": "a",
+     "\u00ce": "I", "\u00ee": "i"}
+)
+
+
+@dataclass(frozen=True)
+class TextProcessor:
+    """Moses punctuation normalisation + tokenization for one language.
+
+    Chinese is split into single characters (every CJK character is one token; Latin
+    words and numbers stay whole) so that BPE can learn frequent character sequences
+    without a word segmenter dependency.
+    """
+
+    lang: str
+    lowercase: bool = False
+    romanian_strip: bool = False
+
+    def __call__(self, line: str) -> str:
+        global _MOSES
+        if _MOSES is None or _MOSES[0] != self.lang:
+            from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
+            _MOSES = (self.lang, MosesPunctNormalizer(lang=self.lang), MosesTokenizer(lang=self.lang))
+        _, norm, tok = _MOSES
+        line = norm.normalize(line)
+        if self.romanian_strip:
+            line = line.translate(_RO_TABLE)
+        if self.lang == "zh":
+            line = _CJK_CHAR_RE.sub(r" \1 ", line)
+        out = tok.tokenize(line, escape=False, aggressive_dash_splits=True, return_str=True)
+        out = " ".join(out.split())
+        return out.lower() if self.lowercase else out
+
+
+_MOSES = None  # per-process (lang, normalizer, tokenizer)
+_BPE = None  # per-process subword-nmt BPE
+
+
+def _init_bpe(codes: str) -> None:
+    global _BPE
+    from subword_nmt.apply_bpe import BPE
+
+    with open(codes, encoding="utf-8") as fh:
+        _BPE = BPE(fh)
+
+
+def _apply_bpe(line: str) -> str:
+    return _BPE.process_line(line)
+
+
+def map_lines(fn: Callable[[str], str], lines: List[str], workers: int, what: str,
+              initializer=None, initargs=()) -> List[str]:
+    """Apply ``fn`` to every line, in ``workers`` processes, showing progress."""
+    total, out = len(lines), []
+    step = max(1, total // 20)
+    if workers <= 1:
+        if initializer:
+            initializer(*initargs)
+        it = map(fn, lines)
+        pool = None
+    else:
+        pool = multiprocessing.get_context("fork").Pool(workers, initializer, initargs)
+        it = pool.imap(fn, lines, chunksize=2000)
+    try:
+        for i, res in enumerate(it, 1):
+            out.append(res)
+            if i % step == 0 or i == total:
+                print(f"\r  {what}: {i}/{total}", end="", file=sys.stderr, flush=True)
+    finally:
+        if pool is not None:
+            pool.close()
+            pool.join()
+    if total:
+        print(file=sys.stderr)
+    return out
+
+
+def keep_clean(src: List[str], tgt: List[str], max_len: int, ratio: float) -> List[int]:
+    """Indices of pairs with 1..max_len tokens per side and a length ratio <= ``ratio``
+    (the rule of Moses' clean-corpus-n.perl)."""
+    keep = []
+    for i, (s, t) in enumerate(zip(src, tgt)):
+        ls, lt = len(s.split()), len(t.split())
+        if 1 <= ls <= max_len and 1 <= lt <= max_len and max(ls, lt) <= ratio * min(ls, lt):
+            keep.append(i)
+    return keep
+
+
+def learn_bpe(texts: List[List[str]], merges: int, codes: Path) -> None:
+    from subword_nmt.learn_bpe import learn_bpe as _learn
+
+    tmp = codes.with_suffix(".train.txt")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        for lines in texts:
+            fh.writelines(line + "\n" for line in lines)
+    log(f"learning {merges} BPE merges -> {codes.name}")
+    with open(tmp, encoding="utf-8") as inp, open(codes, "w", encoding="utf-8") as out:
+        _learn(inp, out, merges, min_frequency=2)
+    tmp.unlink()
+
+
+# --------------------------------------------------------------------------- pipeline
+
+
+@dataclass
+class Split:
+    """Raw parallel sentences of one split, optionally with a document id per sentence."""
+
+    src: List[str]
+    tgt: List[str]
+    docids: Optional[List[str]] = None
+
+    def __post_init__(self):
+        if len(self.src) != len(self.tgt):
+            raise ValueError(f"{len(self.src)} source vs {len(self.tgt)} target sentences")
+        if self.docids is not None and len(self.docids) != len(self.src):
+            raise ValueError("docids not aligned with the sentences")
+
+    def select(self, idx: Sequence[int]) -> "Split":
+        pick = lambda xs: [xs[i] for i in idx]  # noqa: E731
+        return Split(pick(self.src), pick(self.tgt), pick(self.docids) if self.docids else None)
+
+
+@dataclass
+class Recipe:
+    """How to turn raw splits into a fairseq data-bin."""
+
+    src: str
+    tgt: str
+    bpe_merges: int
+    joint_bpe: bool = True
+    lowercase: bool = False
+    romanian_strip: bool = False  # strip Romanian diacritics on the "ro" side
+    clean_max_len: int = 250
+    clean_ratio: float = 1.5
+    valid_every: int = 0  # >0: hold out every n-th cleaned training pair as "valid"
+    extra: Dict[str, object] = field(default_factory=dict)  # recorded in prep.json
+
+
+def _write(path: Path, lines: List[str]) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.writelines(line + "\n" for line in lines)
+
+
+def prepare(name: str, splits: Dict[str, Split], recipe: Recipe, out: Path,
+            workers: int = 1, binarize: bool = True) -> Path:
+    """Tokenize, clean the training split, learn and apply BPE, write and binarize."""
+    if "train" not in splits:
+        raise ValueError("a 'train' split is required")
+    if recipe.valid_every and "valid" in splits:
+        raise ValueError("give either a 'valid' split or valid_every, not both")
+    out.mkdir(parents=True, exist_ok=True)
+    text_dir = out / "text"
+    text_dir.mkdir(exist_ok=True)
+    langs = (recipe.src, recipe.tgt)
+
+    def proc(lang):
+        return TextProcessor(lang, recipe.lowercase, recipe.romanian_strip and lang == "ro")
+
+    tok: Dict[str, Dict[str, List[str]]] = {}
+    for split, data in splits.items():
+        tok[split] = {
+            lang: map_lines(proc(lang), getattr(data, side), workers, f"tokenize {split}.{lang}")
+            for lang, side in zip(langs, ("src", "tgt"))
+        }
+
+    keep = keep_clean(tok["train"][recipe.src], tok["train"][recipe.tgt],
+                      recipe.clean_max_len, recipe.clean_ratio)
+    log(f"train: kept {len(keep)}/{len(splits['train'].src)} pairs after cleaning")
+    if not keep:
+        raise ValueError("no training pair survived cleaning")
+    splits = dict(splits)
+    if recipe.valid_every:
+        valid_idx = keep[recipe.valid_every - 1 :: recipe.valid_every]
+        held = set(valid_idx)
+        keep = [i for i in keep if i not in held]
+        splits["valid"] = splits["train"].select(valid_idx)
+        tok["valid"] = {lang: [tok["train"][lang][i] for i in valid_idx] for lang in langs}
+    splits["train"] = splits["train"].select(keep)
+    tok["train"] = {lang: [tok["train"][lang][i] for i in keep] for lang in langs}
+    if "valid" not in splits:
+        raise ValueError("no 'valid' split: give one or set valid_every")
+
+    if recipe.joint_bpe:
+        codes = {lang: out / "bpe.codes" for lang in langs}
+        learn_bpe([tok["train"][lang] for lang in langs], recipe.bpe_merges, codes[recipe.src])
+    else:
+        codes = {lang: out / f"bpe.codes.{lang}" for lang in langs}
+        for lang in langs:
+            learn_bpe([tok["train"][lang]], recipe.bpe_merges, codes[lang])
+
+    for split, data in splits.items():
+        for lang, raw in zip(langs, (data.src, data.tgt)):
+            bpe = map_lines(_apply_bpe, tok[split][lang], workers, f"bpe {split}.{lang}",
+                            _init_bpe, (str(codes[lang]),))
+            _write(text_dir / f"{split}.{lang}", bpe)
+            if recipe.romanian_strip and lang == "ro":  # references get the same normalisation
+                raw = [line.translate(_RO_TABLE) for line in raw]
+            _write(out / f"{split}.raw.{lang}", raw)
+        if data.docids is not None:
+            _write(out / f"{split}.docids", data.docids)
+
+    meta = {
+        "corpus": name, "source_lang": recipe.src, "target_lang": recipe.tgt,
+        "lowercase": recipe.lowercase, "bpe": "subword-nmt", "bpe_merges": recipe.bpe_merges,
+        "joint_bpe": recipe.joint_bpe, "romanian_strip": recipe.romanian_strip,
+        "tokenizer": "sacremoses (aggressive dash splits)" + (
+            "; zh split into characters" if "zh" in langs else ""),
+        "sentences": {s: len(d.src) for s, d in splits.items()},
+        **recipe.extra,
+    }
+    (out / "prep.json").write_text(json.dumps(meta, indent=2) + "\n")
+    if binarize:
+        fairseq_preprocess(text_dir, out, recipe.src, recipe.tgt, list(splits),
+                           joined=recipe.joint_bpe, workers=workers)
+    log(f"done: {out}")
+    return out
+
+
+def fairseq_preprocess(text_dir: Path, destdir: Path, src: str, tgt: str, splits: List[str],
+                       joined: bool, workers: int = 1) -> None:
+    """Binarize ``text_dir/{split}.{lang}`` with the fairseq-preprocess console script."""
+    exe = shutil.which("fairseq-preprocess")
+    if exe is None:
+        raise RuntimeError("fairseq-preprocess not found on PATH: install fairseq (scripts/setup.sh)")
+    cmd = [exe, "--source-lang", src, "--target-lang", tgt, "--destdir", str(destdir),
+           "--workers", str(max(1, workers))]
+    for split in splits:
+        flag = {"train": "--trainpref", "valid": "--validpref", "test": "--testpref"}.get(split)
+        if flag is None:
+            continue
+        cmd += [flag, str(text_dir / split)]
+    extra = [s for s in splits if s not in ("train", "valid", "test")]
+    if extra:  # fairseq names extra test sets test1, test2, ...; keep ours under their names
+        raise ValueError(f"only train/valid/test splits can be binarized, got {extra}")
+    if joined:
+        cmd.append("--joined-dictionary")
+    log("running " + " ".join(cmd))
+    subprocess.run(cmd, check=True)
+
