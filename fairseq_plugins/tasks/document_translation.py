@@ -1,0 +1,145 @@
+"""Context-aware translation: every sentence is translated with the sentences before it in its
+document (the BPT paper's document-level setting, section 4.3.1, Tables 5 and 6).
+
+Data: fairseq-preprocess output plus ``{split}.docids`` (one document id per sentence). Each
+sentence is one sample (see ``fairseq_plugins.data.document_pair_dataset``); loss and output
+cover the current sentence only, so BLEU is over the test set as usual.
+"""
+
+import logging
+import os
+from dataclasses import dataclass, field
+
+import torch
+from fairseq import utils
+from fairseq.data import data_utils, indexed_dataset
+from fairseq.dataclass import ChoiceEnum
+from fairseq.tasks import register_task
+from fairseq.tasks.translation import TranslationConfig, TranslationTask
+
+from fairseq_plugins.data.document_context import read_docids
+from fairseq_plugins.data.document_pair_dataset import DocumentPairDataset
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class DocumentTranslationConfig(TranslationConfig):
+    context_tokens: int = field(
+        default=0,
+        metadata={
+            "help": "context length l: at most this many source tokens (one separator per "
+            "sentence included) of whole preceding sentences of the same document; 0 = "
+            "sentence-level. The paper's Table 6 uses 0, 32, 64, 128"
+        },
+    )
+    target_context_at_inference: ChoiceEnum(["reference", "generated"]) = field(
+        default="reference",
+        metadata={
+            "help": "reference: force the reference translations of the context sentences as "
+            "a decoder prefix; generated: the model translates the context itself in the same "
+            "pass (as the original BPT code did). Either way only the current sentence is output"
+        },
+    )
+
+
+@register_task("document_translation", dataclass=DocumentTranslationConfig)
+class DocumentTranslationTask(TranslationTask):
+    """Translation of sentences in their document context (any fairseq translation model)."""
+
+    cfg: DocumentTranslationConfig
+
+    def __init__(self, cfg: DocumentTranslationConfig, src_dict, tgt_dict):
+        if cfg.context_tokens < 0:
+            raise ValueError(f"--context-tokens must be >= 0, got {cfg.context_tokens}")
+        unsupported = {
+            "--left-pad-target": cfg.left_pad_target,
+            "--truncate-source": cfg.truncate_source,
+            "--load-alignments": cfg.load_alignments,
+            "--num-batch-buckets": cfg.num_batch_buckets > 0,
+        }
+        for option, used in unsupported.items():
+            if used:
+                raise ValueError(f"document_translation does not support {option}")
+        super().__init__(cfg, src_dict, tgt_dict)
+
+    @property
+    def sentence_separator(self) -> int:
+        """The token joining the sentences of a sample (see ``document_layout``)."""
+        return self.src_dict.bos()
+
+    def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+        paths = utils.split_paths(self.cfg.data)
+        data_path = paths[(epoch - 1) % len(paths)] if split == self.cfg.train_subset else paths[0]
+        src, tgt = self.cfg.source_lang, self.cfg.target_lang
+        prefix = None
+        for pair in (f"{src}-{tgt}", f"{tgt}-{src}"):
+            candidate = os.path.join(data_path, f"{split}.{pair}.")
+            if indexed_dataset.dataset_exists(candidate + src, impl=self.cfg.dataset_impl):
+                prefix = candidate
+                break
+        if prefix is None:
+            raise FileNotFoundError(f"Dataset not found: {split} ({data_path})")
+        if indexed_dataset.dataset_exists(
+            prefix.replace(f"{split}.", f"{split}1.", 1) + src, impl=self.cfg.dataset_impl
+        ):
+            raise ValueError(f"sharded split {split}1 found in {data_path}: not supported")
+        src_data = data_utils.load_indexed_dataset(prefix + src, self.src_dict, self.cfg.dataset_impl)
+        tgt_data = data_utils.load_indexed_dataset(prefix + tgt, self.tgt_dict, self.cfg.dataset_impl)
+        if tgt_data is None:
+            raise FileNotFoundError(f"target side of {split} not found: {prefix + tgt}")
+        docids = read_docids(os.path.join(data_path, f"{split}.docids"))
+        dataset = DocumentPairDataset(
+            src_data, tgt_data, self.src_dict, self.tgt_dict, docids,
+            max_context_tokens=self.cfg.context_tokens,
+            left_pad_source=self.cfg.left_pad_source,
+            shuffle=(split != "test"),
+        )
+        logger.info(
+            f"{data_path} {split} {src}-{tgt}: {len(dataset)} sentences, "
+            f"{len(set(docids))} documents, context <= {self.cfg.context_tokens} tokens"
+        )
+        self.datasets[split] = dataset
+
+    def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
+        """Decode the sample, then keep only the current sentence of every hypothesis."""
+        if prefix_tokens is not None:
+            raise ValueError(
+                "document_translation sets the decoder prefix itself (the target context); "
+                "do not pass --prefix-size"
+            )
+        context = sample.get("target_context")
+        if self.cfg.target_context_at_inference == "generated" or context is None or context.size(1) == 0:
+            context = None
+        with torch.no_grad():
+            if context is None:
+                hypos = generator.generate(models, sample, constraints=constraints)
+            else:
+                # --max-len-a/b budget the current sentence: widen it by the forced prefix
+                max_len_b = generator.max_len_b
+                generator.max_len_b = max_len_b + context.size(1)
+                try:
+                    hypos = generator.generate(
+                        models, sample, prefix_tokens=context, constraints=constraints
+                    )
+                finally:
+                    generator.max_len_b = max_len_b
+        n_context = sample["net_input"]["src_tokens"].eq(self.sentence_separator).sum(dim=1)
+        for row, row_hypos in enumerate(hypos):
+            for hypo in row_hypos:
+                self._drop_context(hypo, int(n_context[row]))
+        return hypos
+
+    def _drop_context(self, hypo, n_context):
+        """Cut a hypothesis after its ``n_context``-th separator (after the last one if the
+        model produced fewer, which only the 'generated' mode allows)."""
+        if n_context == 0:
+            return
+        separators = hypo["tokens"].eq(self.sentence_separator).nonzero().flatten()
+        if len(separators) == 0:
+            return
+        cut = int(separators[min(n_context, len(separators)) - 1]) + 1
+        hypo["tokens"] = hypo["tokens"][cut:]
+        hypo["positional_scores"] = hypo["positional_scores"][cut:]
+        if hypo.get("attention") is not None and hypo["attention"].numel() > 0:
+            hypo["attention"] = hypo["attention"][:, cut:]
