@@ -1,0 +1,340 @@
+"""TranSFormer: the Slow-Fast Transformer for machine translation (Li et al., 2023).
+
+The encoder has two branches: the slow branch is fairseq's transformer encoder over
+subwords with a GCN over the subwords of each word; the fast branch is a thin encoder
+(width 32) over the characters of the same sentence, derived inside the model from
+``src_tokens`` (``SubwordCharacterTable``), with a GCN over the characters of each word
+and boundary-wise relative positions. Cross-granularity attention exchanges information
+between the branches in every block; the decoder is fairseq's and reads the slow branch.
+Every ablation of the paper's Tables 4-6 is a command-line option (docs/slowfast.md).
+"""
+
+import copy
+import math
+import re
+from typing import Optional, Set
+
+import torch
+from torch import nn
+
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import TransformerEncoderBase, TransformerModel
+from fairseq.models.transformer.transformer_legacy import (
+    base_architecture,
+    transformer_iwslt_de_en,
+    transformer_wmt_en_de_big,
+)
+from fairseq.modules import FairseqDropout, LayerNorm, PositionalEmbedding
+
+from fairseq_plugins.modules.boundary_relative_attention import boundary_relation_types
+from fairseq_plugins.modules.cross_granularity_fusion import FUSION_METHODS, build_fusion
+from fairseq_plugins.modules.slowfast_encoder_layer import FastBranchEncoderLayer, SlowFastEncoderLayer
+from fairseq_plugins.modules.subword_characters import PAD_CHAR, SubwordCharacterTable
+
+ENCODER_OUTPUTS = ("slow", "fast", "both")
+FAST_INPUTS = ("char", "subword")
+FAST_BOUNDARIES = ("word", "random", "none")
+
+
+def parse_interaction_layers(spec: str, num_layers: int) -> Set[int]:
+    """0-based indices of the blocks whose branches interact (paper Table 6).
+
+    ``all``, ``last``, ``bottomN`` / ``topN`` (the first / last N blocks), ``everyN``
+    (blocks 1, 1+N, ...), or a comma list of 1-based block numbers such as ``1,3,5``.
+    """
+    spec = spec.strip().lower()
+    if spec == "all":
+        return set(range(num_layers))
+    if spec == "last":
+        return {num_layers - 1}
+    m = re.fullmatch(r"(bottom|top|every)(\d+)", spec)
+    if m:
+        n = int(m.group(2))
+        if n < 1 or (m.group(1) != "every" and n > num_layers):
+            raise ValueError(f"interaction layers {spec!r}: N must be in 1..{num_layers}")
+        if m.group(1) == "bottom":
+            return set(range(n))
+        if m.group(1) == "top":
+            return set(range(num_layers - n, num_layers))
+        return set(range(0, num_layers, n))
+    if re.fullmatch(r"\d+(,\d+)*", spec):
+        layers = {int(i) - 1 for i in spec.split(",")}
+        if min(layers) < 0 or max(layers) >= num_layers:
+            raise ValueError(f"interaction layers {spec!r}: block numbers must be in 1..{num_layers}")
+        return layers
+    raise ValueError(
+        f"interaction layers {spec!r}: use all, last, bottomN, topN, everyN or a comma list like 1,3,5"
+    )
+
+
+def random_word_ids(word_ids: torch.Tensor) -> torch.Tensor:
+    """Random word segmentation of the same units with the batch's word/unit ratio
+    (the "random boundaries" ablation of Table 5); -1 at padding is kept."""
+    valid = word_ids.ge(0)
+    num_words = (word_ids.max(1).values + 1).clamp(min=0).sum()
+    rate = num_words.float() / valid.sum().clamp(min=1)
+    ends = (torch.rand(word_ids.shape, device=word_ids.device) < rate) & valid
+    ids = torch.cumsum(ends.long(), 1) - ends.long()
+    return ids.masked_fill(~valid, -1)
+
+
+def fast_branch_config(cfg):
+    """The slow branch's config with the fast branch's width, FFN size, heads and
+    relative window (None: no boundary PE)."""
+    fast = copy.deepcopy(cfg)
+    fast.encoder.embed_dim = cfg.fast_embed_dim
+    fast.encoder.ffn_embed_dim = cfg.fast_ffn_embed_dim
+    fast.encoder.attention_heads = cfg.fast_attention_heads
+    fast.boundary_pe_window = None if cfg.no_boundary_pe else cfg.boundary_pe_window
+    return fast
+
+
+class SlowFastEncoder(TransformerEncoderBase):
+    """Slow (subword) and fast (character) branches; outputs the fairseq encoder dict.
+
+    Extra attributes read from ``cfg`` (the model's flat argparse options):
+    ``no_fast_branch``, ``fast_embed_dim``, ``fast_ffn_embed_dim``,
+    ``fast_attention_heads``, ``fast_input``, ``subword_style``, ``fast_max_characters``,
+    ``slowfast_fusion``, ``slowfast_encoder_output``, ``unidirectional_fusion``,
+    ``fast_boundaries``, ``no_boundary_pe``, ``boundary_pe_window``,
+    ``slowfast_interaction_layers``.
+    """
+
+    def __init__(self, cfg, dictionary, embed_tokens):
+        self._validate(cfg)
+        super().__init__(cfg, dictionary, embed_tokens)
+        self.characters = SubwordCharacterTable(
+            dictionary, style=cfg.subword_style, max_characters=cfg.fast_max_characters or None
+        )
+        self.has_fast_branch = not cfg.no_fast_branch
+        if not self.has_fast_branch:
+            return
+        fast_cfg = fast_branch_config(cfg)
+        slow_dim, fast_dim = cfg.encoder.embed_dim, cfg.fast_embed_dim
+        self.fast_input = cfg.fast_input
+        self.fast_boundaries = cfg.fast_boundaries
+        self.boundary_pe_window = None if cfg.no_boundary_pe else cfg.boundary_pe_window
+        self.output = cfg.slowfast_encoder_output
+
+        if self.fast_input == "char":
+            self.fast_padding_idx = PAD_CHAR
+            self.fast_embed_tokens = nn.Embedding(self.characters.num_characters, fast_dim, padding_idx=PAD_CHAR)
+        else:
+            self.fast_padding_idx = dictionary.pad()
+            self.fast_embed_tokens = nn.Embedding(len(dictionary), fast_dim, padding_idx=dictionary.pad())
+        nn.init.normal_(self.fast_embed_tokens.weight, mean=0, std=fast_dim ** -0.5)
+        nn.init.constant_(self.fast_embed_tokens.weight[self.fast_padding_idx], 0)
+        self.fast_embed_scale = 1.0 if cfg.no_scale_embedding else math.sqrt(fast_dim)
+        self.fast_embed_positions = (
+            PositionalEmbedding(cfg.max_source_positions, fast_dim, self.fast_padding_idx, learned=False)
+            if not cfg.no_token_positional_embeddings
+            else None
+        )
+        self.fast_dropout_module = FairseqDropout(cfg.dropout, module_name=self.__class__.__name__)
+
+        interacting = parse_interaction_layers(cfg.slowfast_interaction_layers, cfg.encoder.layers)
+        heads = dict(slow=cfg.encoder.attention_heads, fast=cfg.fast_attention_heads)
+        self.fast_layers = nn.ModuleList()
+        for i, slow_layer in enumerate(self.layers):
+            if i in interacting:
+                slow_layer.fusion = build_fusion(
+                    cfg.slowfast_fusion, slow_dim, fast_dim, heads["slow"], cfg.attention_dropout, to_slow=True
+                )
+                slow_layer.fusion_layer_norm = LayerNorm(slow_dim)
+            fast_fusion = None
+            if i in interacting and not cfg.unidirectional_fusion:
+                fast_fusion = build_fusion(
+                    cfg.slowfast_fusion, fast_dim, slow_dim, heads["fast"], cfg.attention_dropout, to_slow=False
+                )
+            self.fast_layers.append(
+                FastBranchEncoderLayer(fast_cfg, use_word_graph=self.fast_boundaries != "none", fusion=fast_fusion)
+            )
+        self.fast_layer_norm = LayerNorm(fast_dim) if cfg.encoder.normalize_before else None
+        self.fast_output_proj = nn.Linear(fast_dim, slow_dim) if self.output != "slow" else None
+
+    @staticmethod
+    def _validate(cfg):
+        choices = dict(
+            fast_input=FAST_INPUTS,
+            fast_boundaries=FAST_BOUNDARIES,
+            slowfast_fusion=FUSION_METHODS,
+            slowfast_encoder_output=ENCODER_OUTPUTS,
+        )
+        for name, allowed in choices.items():
+            if getattr(cfg, name) not in allowed:
+                raise ValueError(f"--{name.replace('_', '-')} {getattr(cfg, name)!r}: choose from {', '.join(allowed)}")
+        if cfg.fast_embed_dim % cfg.fast_attention_heads:
+            raise ValueError(
+                f"--fast-embed-dim {cfg.fast_embed_dim} is not divisible by --fast-attention-heads {cfg.fast_attention_heads}"
+            )
+        if cfg.no_fast_branch and cfg.slowfast_encoder_output != "slow":
+            raise ValueError("--no-fast-branch leaves only the slow branch: --slowfast-encoder-output must be slow")
+
+    def build_encoder_layer(self, cfg):
+        return SlowFastEncoderLayer(cfg, use_word_graph=True)
+
+    def forward_fast_embedding(self, tokens):
+        x = self.fast_embed_scale * self.fast_embed_tokens(tokens)
+        if self.fast_embed_positions is not None:
+            x = x + self.fast_embed_positions(tokens)
+        return self.fast_dropout_module(x)
+
+    def forward(self, src_tokens, src_lengths: Optional[torch.Tensor] = None, return_all_hiddens: bool = False, token_embeddings=None):
+        padding_mask = src_tokens.eq(self.padding_idx)
+        xs, encoder_embedding = self.forward_embedding(src_tokens, token_embeddings)
+        xs = (xs * ~padding_mask.unsqueeze(-1)).transpose(0, 1)
+        slow_mask = padding_mask if padding_mask.any() else None
+
+        if self.has_fast_branch:
+            fast = self.characters(src_tokens) if self.fast_input == "char" else self.characters.subword_input(src_tokens)
+            subword_word_ids = fast.subword_word_ids
+            fast_word_ids = random_word_ids(fast.word_ids) if self.fast_boundaries == "random" else fast.word_ids
+            relation_types = None
+            if self.boundary_pe_window is not None:
+                relation_types = boundary_relation_types(
+                    fast_word_ids, self.boundary_pe_window, restrict_to_word=self.fast_boundaries != "none"
+                )
+            xf = (self.forward_fast_embedding(fast.tokens) * ~fast.padding_mask.unsqueeze(-1)).transpose(0, 1)
+            fast_mask = fast.padding_mask if fast.padding_mask.any() else None
+        else:
+            _, subword_word_ids = self.characters.subword_word_boundaries(src_tokens)
+
+        encoder_states = [xs] if return_all_hiddens else []
+        for i, slow_layer in enumerate(self.layers):
+            xs = slow_layer.forward_graph_and_attention(xs, slow_mask, subword_word_ids)
+            if self.has_fast_branch:
+                fast_layer = self.fast_layers[i]
+                xf = fast_layer.forward_graph_and_attention(xf, fast_mask, fast_word_ids, relation_types)
+                xs, xf = (
+                    slow_layer.forward_fusion(xs, xf, fast_mask, fast.subword_ids),
+                    fast_layer.forward_fusion(xf, xs, slow_mask, fast.subword_ids),
+                )
+                xf = fast_layer.forward_feed_forward(xf)
+            xs = slow_layer.forward_feed_forward(xs)
+            if return_all_hiddens:
+                encoder_states.append(xs)
+
+        if self.layer_norm is not None:
+            xs = self.layer_norm(xs)
+        out, out_mask = xs, padding_mask
+        if self.has_fast_branch and self.output != "slow":
+            if self.fast_layer_norm is not None:
+                xf = self.fast_layer_norm(xf)
+            xf = self.fast_output_proj(xf)
+            if self.output == "fast":
+                out, out_mask = xf, fast.padding_mask
+            else:
+                out, out_mask = torch.cat([xs, xf], 0), torch.cat([padding_mask, fast.padding_mask], 1)
+        return {
+            "encoder_out": [out],  # T x B x C
+            "encoder_padding_mask": [out_mask],  # B x T
+            "encoder_embedding": [encoder_embedding],  # B x Ls x C
+            "encoder_states": encoder_states,  # List[Ls x B x C]
+            "fc_results": [],
+            "src_tokens": [],
+            "src_lengths": [src_tokens.ne(self.padding_idx).sum(1, dtype=torch.int32).reshape(-1, 1)],
+        }
+
+
+@register_model("transformer_slowfast")
+class TransformerSlowFastModel(TransformerModel):
+    """fairseq's transformer with TranSFormer's two-branch encoder."""
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        # fmt: off
+        parser.add_argument("--no-fast-branch", action="store_true",
+                            help="slow branch only (subword encoder with its word GCN): the paper's slow-only baseline")
+        parser.add_argument("--fast-embed-dim", type=int, help="fast branch width (paper: 32 base, 64 Zh-En big)")
+        parser.add_argument("--fast-ffn-embed-dim", type=int, help="fast branch FFN size (paper: 128 at width 32)")
+        parser.add_argument("--fast-attention-heads", type=int, help="fast branch attention heads")
+        parser.add_argument("--fast-input", choices=FAST_INPUTS,
+                            help="fast branch input: characters, or the subwords themselves (Table 4d)")
+        parser.add_argument("--subword-style", choices=("auto", "bpe", "sentencepiece"),
+                            help="source vocabulary markers: subword-nmt @@ or sentencepiece \u2581 (auto: detect)")
+        parser.add_argument("--fast-max-characters", type=int,
+                            help="keep the N most frequent characters, others map to unknown (0: all)")
+        parser.add_argument("--slowfast-fusion", choices=FUSION_METHODS, help="fusion between branches (Table 4b)")
+        parser.add_argument("--slowfast-encoder-output", choices=ENCODER_OUTPUTS,
+                            help="what the decoder attends to (Table 4c)")
+        parser.add_argument("--unidirectional-fusion", action="store_true",
+                            help="only the slow branch receives the fast one (Table 5 #2)")
+        parser.add_argument("--fast-boundaries", choices=FAST_BOUNDARIES,
+                            help="character-to-word boundaries for the F-GCN and boundary PE: real, random, or none "
+                                 "(no F-GCN, PE not restricted to words) (Table 5 #3, #4)")
+        parser.add_argument("--no-boundary-pe", action="store_true",
+                            help="no boundary-wise relative positions in the fast branch (Table 5 #5)")
+        parser.add_argument("--boundary-pe-window", type=int, help="relative window k of the boundary PE (paper: 3)")
+        parser.add_argument("--slowfast-interaction-layers", type=str,
+                            help="blocks with fusion: all, last, bottomN, topN, everyN or 1-based list (Table 6)")
+        # fmt: on
+
+    @classmethod
+    def build_model(cls, args, task):
+        slowfast_base_architecture(args)
+        return super().build_model(args, task)
+
+    @classmethod
+    def build_encoder(cls, cfg, src_dict, embed_tokens):
+        return SlowFastEncoder(cfg, src_dict, embed_tokens)
+
+
+def slowfast_defaults(args):
+    """TranSFormer-specific defaults (paper Sec. 4.1); pre-norm as in the paper."""
+    args.no_fast_branch = getattr(args, "no_fast_branch", False)
+    args.fast_embed_dim = getattr(args, "fast_embed_dim", 32)
+    args.fast_ffn_embed_dim = getattr(args, "fast_ffn_embed_dim", 4 * args.fast_embed_dim)
+    args.fast_attention_heads = getattr(args, "fast_attention_heads", 4)
+    args.fast_input = getattr(args, "fast_input", "char")
+    args.subword_style = getattr(args, "subword_style", "auto")
+    args.fast_max_characters = getattr(args, "fast_max_characters", 0)
+    args.slowfast_fusion = getattr(args, "slowfast_fusion", "cga")
+    args.slowfast_encoder_output = getattr(args, "slowfast_encoder_output", "slow")
+    args.unidirectional_fusion = getattr(args, "unidirectional_fusion", False)
+    args.fast_boundaries = getattr(args, "fast_boundaries", "word")
+    args.no_boundary_pe = getattr(args, "no_boundary_pe", False)
+    args.boundary_pe_window = getattr(args, "boundary_pe_window", 3)
+    args.slowfast_interaction_layers = getattr(args, "slowfast_interaction_layers", "all")
+    args.encoder_normalize_before = getattr(args, "encoder_normalize_before", True)
+    args.decoder_normalize_before = getattr(args, "decoder_normalize_before", True)
+
+
+@register_model_architecture("transformer_slowfast", "transformer_slowfast")
+def slowfast_base_architecture(args):
+    """WMT En-De base: slow 512/2048, 8 heads, 6 layers; fast width 32, FFN 128."""
+    slowfast_defaults(args)
+    base_architecture(args)
+
+
+@register_model_architecture("transformer_slowfast", "transformer_slowfast_wmt_en_de")
+def slowfast_wmt_en_de(args):
+    slowfast_base_architecture(args)
+
+
+@register_model_architecture("transformer_slowfast", "transformer_slowfast_wmt_en_de_big")
+def slowfast_wmt_en_de_big(args):
+    """WMT En-De big: slow 1024/4096, 16 heads, residual dropout 0.3; fast width 32."""
+    slowfast_defaults(args)
+    transformer_wmt_en_de_big(args)
+
+
+@register_model_architecture("transformer_slowfast", "transformer_slowfast_wmt_zh_en_big")
+def slowfast_wmt_zh_en_big(args):
+    """WMT Zh-En big: as En-De big with fast width 64 (FFN 256)."""
+    args.fast_embed_dim = getattr(args, "fast_embed_dim", 64)
+    slowfast_wmt_en_de_big(args)
+
+
+@register_model_architecture("transformer_slowfast", "transformer_slowfast_wmt_en_ro")
+def slowfast_wmt_en_ro(args):
+    """WMT En-Ro: base sizes (the paper's 40K joint BPE vocabulary goes with
+    ``--share-all-embeddings`` and a joined dictionary)."""
+    slowfast_base_architecture(args)
+
+
+@register_model_architecture("transformer_slowfast", "transformer_slowfast_iwslt_de_en")
+def slowfast_iwslt_de_en(args):
+    """IWSLT sizes: slow 512/1024, 4 heads; fast width 32."""
+    slowfast_defaults(args)
+    transformer_iwslt_de_en(args)
