@@ -1,0 +1,32 @@
+// Kernel launchers shared by the binding (graph_attention.cpp) and the kernels
+// (graph_attention_kernels.cu). Inputs are validated by the binding, not here.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace graph_attention_cuda {
+
+// out [B, H, N, D] and lse [B, H, N] (float32) are written.
+void launch_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                    const c10::optional<at::Tensor>& rel_key, const at::Tensor& indptr,
+                    const at::Tensor& indices, const at::Tensor& edge_type,
+                    const c10::optional<at::Tensor>& key_padding_mask, double scale,
+                    double dropout_p, uint64_t seed, uint64_t offset, at::Tensor& out,
+                    at::Tensor& lse);
+
+// grad_q/grad_k/grad_v are written; type_grad_sums ([B * H * N, num_edge_types] float32,
+// zero-filled) receives the per-row, per-edge-type sums of dS when given.
+void launch_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                     const at::Tensor& v, const c10::optional<at::Tensor>& rel_key,
+                     const at::Tensor& lse, const at::Tensor& delta, const at::Tensor& indptr,
+                     const at::Tensor& indices, const at::Tensor& edge_type,
+                     const at::Tensor& t_indptr, const at::Tensor& t_query,
+                     const at::Tensor& t_edge,
+                     const c10::optional<at::Tensor>& key_padding_mask, double scale,
+                     double dropout_p, uint64_t seed, uint64_t offset, at::Tensor& grad_q,
+                     at::Tensor& grad_k, at::Tensor& grad_v,
+                     const c10::optional<at::Tensor>& type_grad_sums);
+
+}  // namespace graph_attention_cuda
