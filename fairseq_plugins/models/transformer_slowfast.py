@@ -133,24 +133,34 @@ class SlowFastEncoder(TransformerEncoderBase):
         self.fast_dropout_module = FairseqDropout(cfg.dropout, module_name=self.__class__.__name__)
 
         interacting = parse_interaction_layers(cfg.slowfast_interaction_layers, cfg.encoder.layers)
-        heads = dict(slow=cfg.encoder.attention_heads, fast=cfg.fast_attention_heads)
+        # When only the slow branch is read, the fast branch stops after the attention
+        # half of the last interacting block: nothing reads what it would compute later.
+        last_fast = max(interacting) if self.output == "slow" else cfg.encoder.layers - 1
         self.fast_layers = nn.ModuleList()
         for i, slow_layer in enumerate(self.layers):
             if i in interacting:
                 slow_layer.fusion = build_fusion(
-                    cfg.slowfast_fusion, slow_dim, fast_dim, heads["slow"], cfg.attention_dropout, to_slow=True
+                    cfg.slowfast_fusion, slow_dim, fast_dim, cfg.encoder.attention_heads, cfg.attention_dropout, to_slow=True
                 )
                 slow_layer.fusion_layer_norm = LayerNorm(slow_dim)
+            if i > last_fast:
+                continue
+            truncated = i == last_fast and self.output == "slow"
             fast_fusion = None
-            if i in interacting and not cfg.unidirectional_fusion:
+            if i in interacting and not cfg.unidirectional_fusion and not truncated:
                 fast_fusion = build_fusion(
-                    cfg.slowfast_fusion, fast_dim, slow_dim, heads["fast"], cfg.attention_dropout, to_slow=False
+                    cfg.slowfast_fusion, fast_dim, slow_dim, cfg.fast_attention_heads, cfg.attention_dropout, to_slow=False
                 )
             self.fast_layers.append(
-                FastBranchEncoderLayer(fast_cfg, use_word_graph=self.fast_boundaries != "none", fusion=fast_fusion)
+                FastBranchEncoderLayer(
+                    fast_cfg, use_word_graph=self.fast_boundaries != "none", fusion=fast_fusion, feed_forward=not truncated
+                )
             )
-        self.fast_layer_norm = LayerNorm(fast_dim) if cfg.encoder.normalize_before else None
-        self.fast_output_proj = nn.Linear(fast_dim, slow_dim) if self.output != "slow" else None
+        self.fast_layer_norm = None
+        self.fast_output_proj = None
+        if self.output != "slow":
+            self.fast_layer_norm = LayerNorm(fast_dim) if cfg.encoder.normalize_before else None
+            self.fast_output_proj = nn.Linear(fast_dim, slow_dim)
 
     @staticmethod
     def _validate(cfg):
@@ -202,14 +212,15 @@ class SlowFastEncoder(TransformerEncoderBase):
         encoder_states = [xs] if return_all_hiddens else []
         for i, slow_layer in enumerate(self.layers):
             xs = slow_layer.forward_graph_and_attention(xs, slow_mask, subword_word_ids)
-            if self.has_fast_branch:
+            if self.has_fast_branch and i < len(self.fast_layers):
                 fast_layer = self.fast_layers[i]
                 xf = fast_layer.forward_graph_and_attention(xf, fast_mask, fast_word_ids, relation_types)
                 xs, xf = (
                     slow_layer.forward_fusion(xs, xf, fast_mask, fast.subword_ids),
                     fast_layer.forward_fusion(xf, xs, slow_mask, fast.subword_ids),
                 )
-                xf = fast_layer.forward_feed_forward(xf)
+                if fast_layer.has_feed_forward:
+                    xf = fast_layer.forward_feed_forward(xf)
             xs = slow_layer.forward_feed_forward(xs)
             if return_all_hiddens:
                 encoder_states.append(xs)

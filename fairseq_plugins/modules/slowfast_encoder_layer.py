@@ -20,12 +20,27 @@ from .boundary_relative_attention import BoundaryRelativeSelfAttention
 from .word_graph_convolution import WordGraphConvolution
 
 
+# fairseq's copies of the weights for torch's fused encoder-layer kernel, which these
+# blocks never call: dropped so that no parameter goes unused.
+_FUSED_KERNEL_PARAMETERS = (
+    "in_proj_weight", "in_proj_bias", "out_proj_weight", "out_proj_bias",
+    "fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias",
+)  # fmt: skip
+
+
 class SlowFastEncoderLayer(TransformerEncoderLayerBase):
     """One branch's block. ``use_word_graph`` adds the GCN over the units of a word;
-    ``fusion`` (a module from ``cross_granularity_fusion``) adds the fusion sublayer."""
+    ``fusion`` (a module from ``cross_granularity_fusion``) adds the fusion sublayer;
+    ``feed_forward=False`` drops the FFN (the fast branch's last block when only its
+    attention output is read by the slow branch)."""
 
-    def __init__(self, cfg, use_word_graph: bool, fusion: Optional[nn.Module] = None):
+    def __init__(self, cfg, use_word_graph: bool, fusion: Optional[nn.Module] = None, feed_forward: bool = True):
         super().__init__(cfg)
+        for name in _FUSED_KERNEL_PARAMETERS:
+            delattr(self, name)
+        self.has_feed_forward = feed_forward
+        if not feed_forward:
+            del self.fc1, self.fc2, self.final_layer_norm
         self.word_graph = WordGraphConvolution(self.embed_dim) if use_word_graph else None
         self.word_graph_layer_norm = LayerNorm(self.embed_dim) if use_word_graph else None
         self.fusion = fusion
@@ -57,10 +72,17 @@ class SlowFastEncoderLayer(TransformerEncoderLayerBase):
         )
 
     def forward_feed_forward(self, x):
+        if not self.has_feed_forward:
+            raise RuntimeError("this block was built without its feed-forward sublayer")
+
         def ffn(h):
             return self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(h))))
 
         return self._sublayer(x, self.final_layer_norm, ffn)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # plain loading: the base class would re-create the fused-kernel copies
+        nn.Module._load_from_state_dict(self, state_dict, prefix, *args, **kwargs)
 
     def forward(self, x, encoder_padding_mask, attn_mask=None):
         raise NotImplementedError("slow-fast layers run in halves: use SlowFastEncoder")

@@ -1,0 +1,255 @@
+"""TranSFormer building blocks: word GCN, boundary-wise relative PE, cross-granularity
+fusion, and the encoder assembled from them (padding invariance, every ablation option)."""
+
+import argparse
+
+import pytest
+import torch
+
+from fairseq.data import Dictionary
+from fairseq.models import ARCH_CONFIG_REGISTRY
+from fairseq_plugins.models.transformer_slowfast import (
+    TransformerSlowFastModel,
+    parse_interaction_layers,
+    random_word_ids,
+)
+from fairseq_plugins.modules.boundary_relative_attention import (
+    BoundaryRelativeSelfAttention,
+    boundary_relation_types,
+)
+from fairseq_plugins.modules.cross_granularity_fusion import (
+    FUSION_METHODS,
+    build_fusion,
+    characters_to_subwords,
+)
+from fairseq_plugins.modules.word_graph_convolution import (
+    WordGraphConvolution,
+    normalized_word_adjacency,
+)
+
+WORD_IDS = torch.tensor([[0, 0, 0, 1, 2, 2, -1, -1], [-1, 0, 1, 1, 1, 1, 2, 3]])
+
+
+def test_gcn_normalisation_is_symmetric_degree_normalised_word_cliques():
+    adj = normalized_word_adjacency(WORD_IDS)
+    assert torch.allclose(adj, adj.transpose(1, 2))
+    # a unit of an n-unit word: D^-1/2 (A+I) D^-1/2 has n entries of 1/sqrt(n*n) = 1/n
+    assert torch.allclose(adj[0, 0, :3], torch.full((3,), 1 / 3)) and adj[0, 0, 3:].abs().sum() == 0
+    assert adj[0, 3, 3] == 1 and adj[1, 2, 2:6].tolist() == [0.25] * 4
+    assert adj[0, 6:].abs().sum() == 0 and adj[1, :, 0].abs().sum() == 0  # padding
+    x = torch.randn(8, 2, 16, dtype=torch.float64)
+    gcn = WordGraphConvolution(16).double()
+    assert torch.allclose(gcn(x, WORD_IDS), gcn(x, WORD_IDS, reference=True))
+    expected = torch.relu(torch.einsum("bij,jbc->ibc", adj.double(), gcn.proj(x)))
+    assert torch.allclose(gcn(x, WORD_IDS), expected)
+
+
+def test_boundary_relation_types_stay_inside_the_word_and_the_window():
+    word_ids = torch.tensor([[0, 0, 0, 0, 0, 1, 1, -1]])  # "goodn" "ew" + pad, window 3
+    types = boundary_relation_types(word_ids, window=3)[0]
+    none = 7
+    assert types[0, :5].tolist() == [3, 4, 5, 6, none]  # distance 4 is outside the window
+    assert types[4, :5].tolist() == [none, 0, 1, 2, 3]
+    assert types[4, 5] == none and types[5, 4] == none  # other word
+    assert types[5, 5:7].tolist() == [3, 4] and (types[7] == none).all() and (types[:, 7] == none).all()
+    vanilla = boundary_relation_types(word_ids, window=3, restrict_to_word=False)[0]
+    assert vanilla[4, 5] == 4 and vanilla[0, 4] == none
+    with pytest.raises(ValueError):
+        boundary_relation_types(word_ids, window=-1)
+
+
+def test_relative_attention_fast_path_equals_reference_and_ignores_padding():
+    torch.manual_seed(0)
+    attn = BoundaryRelativeSelfAttention(16, 4, window=2).double().eval()
+    x = torch.randn(8, 2, 16, dtype=torch.float64)
+    pad = WORD_IDS.lt(0)
+    types = boundary_relation_types(WORD_IDS, 2)
+    out = attn(x, pad, types)
+    assert torch.allclose(out, attn(x, pad, types, reference=True))
+    x2 = x.clone()
+    x2[6:, 0] = 100.0
+    assert torch.allclose(attn(x2, pad, types)[:6, 0], out[:6, 0])
+    plain = BoundaryRelativeSelfAttention(16, 4, window=None)
+    assert plain.relative_keys is None
+    with pytest.raises(ValueError, match="relation_types"):
+        plain(x.float(), pad, types)
+    with pytest.raises(ValueError, match="divisible"):
+        BoundaryRelativeSelfAttention(16, 3)
+
+
+@pytest.mark.parametrize("method", FUSION_METHODS)
+def test_fusion_shapes_both_ways(method):
+    slow_len, fast_len, bsz, slow_dim, fast_dim = 5, 13, 2, 24, 8
+    subword_ids = torch.randint(0, slow_len, (bsz, fast_len)).sort(1).values
+    subword_ids[1, -3:] = -1
+    fast_pad = subword_ids.lt(0)
+    xs, xf = torch.randn(slow_len, bsz, slow_dim), torch.randn(fast_len, bsz, fast_dim)
+    to_slow = build_fusion(method, slow_dim, fast_dim, 4, 0.0, to_slow=True)
+    to_fast = build_fusion(method, fast_dim, slow_dim, 2, 0.0, to_slow=False)
+    assert to_slow(xs, xf, fast_pad, subword_ids).shape == xs.shape
+    assert to_fast(xf, xs, None, subword_ids).shape == xf.shape
+    if method == "cga":  # keys/values are projected from the other branch's width (W in R^{Hs x Hf})
+        assert to_fast.k_proj.weight.shape == (fast_dim, slow_dim)
+        assert to_slow.k_proj.weight.shape == (slow_dim, fast_dim)
+    with pytest.raises(ValueError, match="unknown fusion"):
+        build_fusion("gated", slow_dim, fast_dim, 4, 0.0, True)
+
+
+def test_downsampling_is_the_mean_of_each_subwords_characters():
+    fast = torch.arange(12.0).view(1, 6, 2)
+    subword_ids = torch.tensor([[0, 0, 2, 2, 2, -1]])
+    pooled = characters_to_subwords(fast, subword_ids, 3)
+    assert pooled[0].tolist() == [[1.0, 2.0], [0.0, 0.0], [6.0, 7.0]]
+
+
+def test_interaction_layer_specs():
+    assert parse_interaction_layers("all", 6) == set(range(6))
+    assert parse_interaction_layers("last", 6) == {5}
+    assert parse_interaction_layers("bottom3", 6) == {0, 1, 2}
+    assert parse_interaction_layers("top3", 6) == {3, 4, 5}
+    assert parse_interaction_layers("every2", 6) == {0, 2, 4}
+    assert parse_interaction_layers("1,3,5", 6) == {0, 2, 4}
+    for bad in ("7", "top9", "sometimes", "0,1"):
+        with pytest.raises(ValueError, match="interaction layers"):
+            parse_interaction_layers(bad, 6)
+
+
+def test_random_boundaries_keep_padding_and_roughly_the_word_rate():
+    torch.manual_seed(0)
+    word_ids = torch.arange(400).div(4, rounding_mode="floor").view(1, -1)
+    word_ids = torch.cat([word_ids, torch.full((1, 20), -1)], 1)
+    rand = random_word_ids(word_ids)
+    assert (rand[0, 400:] == -1).all() and (rand[0, :400] >= 0).all()
+    assert 70 < int(rand.max()) + 1 < 130  # about 100 words over 400 units
+
+
+# --- the assembled model ------------------------------------------------------------
+
+WORDS = "a swi@@ ss bicy@@ cle the dog runs fast@@ er".split()
+
+
+def _dictionary():
+    d = Dictionary()
+    for w in WORDS:
+        d.add_symbol(w)
+    return d
+
+
+def build_model(d, **options):
+    parser = argparse.ArgumentParser(argument_default=argparse.SUPPRESS)
+    TransformerSlowFastModel.add_args(parser)
+    args = parser.parse_args([])
+    sizes = dict(
+        encoder_layers=2, decoder_layers=1, encoder_embed_dim=24, decoder_embed_dim=24,
+        encoder_ffn_embed_dim=32, decoder_ffn_embed_dim=32, encoder_attention_heads=2,
+        decoder_attention_heads=2, fast_embed_dim=8, fast_attention_heads=2,
+        max_source_positions=64, max_target_positions=64, dropout=0.0,
+    )  # fmt: skip
+    for k, v in {**sizes, **options}.items():
+        setattr(args, k, v)
+    ARCH_CONFIG_REGISTRY["transformer_slowfast"](args)
+    task = argparse.Namespace(source_dictionary=d, target_dictionary=d)
+    torch.manual_seed(0)
+    return TransformerSlowFastModel.build_model(args, task).eval()
+
+
+def _batch(d, sentences):
+    rows = [[d.index(w) for w in s.split()] + [d.eos()] for s in sentences]
+    width = max(map(len, rows))
+    return torch.tensor([[d.pad()] * (width - len(r)) + r for r in rows])  # left-padded like fairseq
+
+
+ABLATIONS = [
+    {},
+    dict(slowfast_fusion="linear-attention"),
+    dict(slowfast_fusion="downsample-sum"),
+    dict(slowfast_fusion="downsample-concat"),
+    dict(slowfast_encoder_output="fast"),
+    dict(slowfast_encoder_output="both"),
+    dict(unidirectional_fusion=True),
+    dict(fast_boundaries="none"),
+    dict(no_boundary_pe=True),
+    dict(slowfast_interaction_layers="last"),
+    dict(fast_input="subword"),
+    dict(no_fast_branch=True),
+]
+
+
+@pytest.mark.parametrize("options", ABLATIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "default")
+def test_a_sentence_encodes_the_same_alone_and_in_a_padded_batch(options):
+    d = _dictionary()
+    model = build_model(d, **options)
+    sentences = ["the dog", "a swi@@ ss bicy@@ cle runs fast@@ er", "dog"]
+    batch = model.encoder(_batch(d, sentences))
+    out, mask = batch["encoder_out"][0], batch["encoder_padding_mask"][0]
+    for i, s in enumerate(sentences):
+        alone = model.encoder(_batch(d, [s]))["encoder_out"][0][:, 0]
+        real = out[:, i][~mask[i]]
+        assert real.shape == alone.shape
+        assert torch.allclose(real, alone, atol=1e-5), options
+
+
+def test_random_boundaries_and_training_mode_run_forward_and_backward():
+    d = _dictionary()
+    model = build_model(d, fast_boundaries="random", dropout=0.1).train()
+    src = _batch(d, ["a swi@@ ss", "the dog runs"])
+    out, _ = model(src, src.ne(d.pad()).sum(1), torch.full((2, 3), d.eos()))
+    out.sum().backward()
+    assert [n for n, p in model.named_parameters() if p.grad is None] == []
+
+
+@pytest.mark.parametrize("spec, fast_layers", [("all", 3), ("bottom1", 1), ("every2", 3), ("2", 2)])
+def test_no_parameter_goes_unused_for_any_interaction_layout(spec, fast_layers):
+    d = _dictionary()
+    model = build_model(d, encoder_layers=3, slowfast_interaction_layers=spec).train()
+    assert len(model.encoder.fast_layers) == fast_layers
+    assert not model.encoder.fast_layers[-1].has_feed_forward  # only its attention output is read
+    src = _batch(d, ["a swi@@ ss", "the dog runs"])
+    out, _ = model(src, src.ne(d.pad()).sum(1), torch.full((2, 3), d.eos()))
+    out.sum().backward()
+    assert [n for n, p in model.named_parameters() if p.grad is None] == []
+
+
+def test_checkpoint_state_round_trips():
+    d = _dictionary()
+    model, fresh = build_model(d), build_model(d, dropout=0.0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01)
+    fresh.load_state_dict(model.state_dict())
+    src = _batch(d, ["a swi@@ ss bicy@@ cle"])
+    assert torch.equal(fresh.encoder(src)["encoder_out"][0], model.encoder(src)["encoder_out"][0])
+    assert "encoder.characters.character_codepoints" in model.state_dict()
+
+
+def test_the_fast_branch_changes_the_slow_output_only_through_fusion():
+    d = _dictionary()
+    src = _batch(d, ["a swi@@ ss bicy@@ cle"])
+    fused = build_model(d)
+    slow_only = build_model(d, no_fast_branch=True)
+    # same seed, same slow parameters: copy them over and compare
+    slow_only.load_state_dict({k: v for k, v in fused.state_dict().items() if k in slow_only.state_dict()})
+    a = fused.encoder(src)["encoder_out"][0]
+    b = slow_only.encoder(src)["encoder_out"][0]
+    assert not torch.allclose(a, b)
+    for layer in fused.encoder.layers:
+        layer.fusion = None
+    assert torch.allclose(fused.encoder(src)["encoder_out"][0], b, atol=1e-6)
+
+
+def test_parameter_counts_follow_the_fast_width():
+    d = _dictionary()
+    base = sum(p.numel() for p in build_model(d, no_fast_branch=True).parameters())
+    narrow = sum(p.numel() for p in build_model(d, fast_embed_dim=8).parameters())
+    wide = sum(p.numel() for p in build_model(d, fast_embed_dim=16).parameters())
+    assert base < narrow < wide
+
+
+def test_bad_options_are_refused():
+    d = _dictionary()
+    with pytest.raises(ValueError, match="divisible"):
+        build_model(d, fast_embed_dim=10, fast_attention_heads=4)
+    with pytest.raises(ValueError, match="no-fast-branch"):
+        build_model(d, no_fast_branch=True, slowfast_encoder_output="fast")
+    with pytest.raises(ValueError, match="interaction layers"):
+        build_model(d, slowfast_interaction_layers="top5")
