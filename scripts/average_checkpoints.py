@@ -1,0 +1,75 @@
+"""Average the parameters of the last N epoch checkpoints of a fairseq run.
+
+fairseq ships its averaging script only in the git repository, not in the wheel. This
+one averages ``checkpoint{epoch}.pt`` files (the last N epochs found, or explicit
+paths) and writes a checkpoint fairseq-generate loads like any other: the newest
+input's fields (``cfg``, ``args``, ...) with the averaged ``model`` state.
+
+    python -m scripts.average_checkpoints runs/RUN --last 10 --output runs/RUN/checkpoint_avg10.pt
+"""
+
+import argparse
+import re
+from pathlib import Path
+from typing import List, Sequence
+
+import torch
+
+_EPOCH_RE = re.compile(r"^checkpoint(\d+)\.pt$")
+
+
+def last_epoch_checkpoints(run_dir: Path, n: int) -> List[Path]:
+    """The ``n`` epoch checkpoints with the highest epoch numbers, oldest first."""
+    found = sorted((int(m.group(1)), p) for p in Path(run_dir).iterdir()
+                   if (m := _EPOCH_RE.match(p.name)))
+    if len(found) < n:
+        raise FileNotFoundError(f"{run_dir}: asked to average {n} epoch checkpoints, found "
+                                f"{len(found)} ({[p.name for _, p in found]})")
+    return [p for _, p in found[-n:]]
+
+
+def average(paths: Sequence[Path]) -> dict:
+    """Mean of the floating-point tensors of every ``model`` state; other entries must agree."""
+    if not paths:
+        raise ValueError("no checkpoints to average")
+    total, newest = None, None
+    for path in paths:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        params = state["model"]
+        if total is None:
+            total = {k: v.double() if v.is_floating_point() else v.clone() for k, v in params.items()}
+        else:
+            if params.keys() != total.keys():
+                raise ValueError(f"{path}: parameter names differ from {paths[0]}")
+            for k, v in params.items():
+                if v.is_floating_point():
+                    total[k] += v.double()
+                elif not torch.equal(v, total[k]):
+                    raise ValueError(f"{path}: non-float entry {k} differs between checkpoints")
+        newest = state
+    averaged = {k: (v / len(paths)).to(newest["model"][k].dtype) if v.is_floating_point() else v
+                for k, v in total.items()}
+    return dict(newest, model=averaged)
+
+
+def main(argv=None) -> Path:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("inputs", nargs="+", type=Path, help="a run directory (with --last) or checkpoint files")
+    p.add_argument("--last", type=int, help="average the last N epoch checkpoints of the run directory")
+    p.add_argument("--output", type=Path, required=True)
+    args = p.parse_args(argv)
+    if args.last is not None:
+        if len(args.inputs) != 1 or not args.inputs[0].is_dir():
+            p.error("--last takes exactly one run directory")
+        if args.last < 1:
+            p.error("--last must be >= 1")
+        paths = last_epoch_checkpoints(args.inputs[0], args.last)
+    else:
+        paths = args.inputs
+    print("averaging " + ", ".join(str(x) for x in paths), flush=True)
+    torch.save(average(paths), args.output)
+    return args.output
+
+
+if __name__ == "__main__":
+    main()

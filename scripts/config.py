@@ -1,0 +1,134 @@
+"""Experiment configs (``configs/**.yaml``): one file per table row of a paper.
+
+A config holds everything needed to rerun one row::
+
+    paper: bpt                   # which paper the row comes from
+    table: bpt-table7            # table id (configs/tables.yaml)
+    row: BPT (k = 4)             # row label as printed in the paper
+    column: BLEU                 # column label, for tables with several result columns
+    reported: {sacrebleu: 27.6}  # the paper's numbers by metric (sacrebleu | tokenized)
+    data: wmt14-en-de-bpt        # corpus of scripts.prepare_data
+    arch: bpt_transformer_wmt_en_de
+    task: {task: translation}    # task options, used by training and generation
+    model: {...}                 # model options (fairseq-train --help with --arch)
+    train: {...}                 # optimisation options
+    gpus: 8                      # GPUs the paper's batch assumes; update-freq is rescaled
+    average_last: 10             # average the last N epoch checkpoints (0: checkpoint_best)
+    generate: {beam: 5, lenpen: 0.6}
+    note: ...                    # which values the paper leaves open, and what we chose
+
+Options are fairseq command-line flags without the leading ``--``: ``true`` is a bare
+flag, ``false``/``null`` leave the flag out, anything else is its value.
+"""
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG_DIR = REPO / "configs"
+USER_DIR = REPO / "fairseq_plugins"
+METRICS = ("sacrebleu", "tokenized")
+
+_REQUIRED = {"paper": str, "table": str, "row": str, "data": str, "arch": str,
+             "model": dict, "train": dict, "generate": dict, "gpus": int, "average_last": int}
+_OPTIONAL = {"column": str, "reported": dict, "task": dict, "note": str}
+# flags the scripts set themselves; a config must not carry them
+_RESERVED = {"user-dir", "arch", "save-dir", "path", "distributed-world-size", "gen-subset", "remove-bpe",
+             "results-path", "cpu"}
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def load_config(path) -> Dict[str, Any]:
+    """Read and validate one config; adds ``name`` (path relative to configs/)."""
+    path = Path(path)
+    try:
+        cfg = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from err
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    for key, typ in _REQUIRED.items():
+        if key not in cfg:
+            raise ConfigError(f"{path}: missing '{key}'")
+        if not isinstance(cfg[key], typ):
+            raise ConfigError(f"{path}: '{key}' must be a {typ.__name__}")
+    for key in cfg:
+        if key not in _REQUIRED and key not in _OPTIONAL:
+            raise ConfigError(f"{path}: unknown key '{key}'")
+        if key in _OPTIONAL and not isinstance(cfg[key], _OPTIONAL[key]):
+            raise ConfigError(f"{path}: '{key}' must be a {_OPTIONAL[key].__name__}")
+    for metric, value in (cfg.get("reported") or {}).items():
+        if metric not in METRICS or not isinstance(value, (int, float)):
+            raise ConfigError(f"{path}: reported must map {METRICS} to numbers, got {metric}: {value!r}")
+    for section in ("task", "model", "train", "generate"):
+        clash = _RESERVED.intersection(cfg.get(section) or {})
+        if clash:
+            raise ConfigError(f"{path}: '{section}' sets {sorted(clash)}, which the scripts set themselves")
+    if cfg["gpus"] < 1 or cfg["average_last"] < 0:
+        raise ConfigError(f"{path}: gpus must be >= 1 and average_last >= 0")
+    cfg.setdefault("task", {})
+    cfg.setdefault("column", "BLEU")
+    cfg.setdefault("reported", {})
+    try:
+        cfg["name"] = str(path.resolve().relative_to(CONFIG_DIR)).removesuffix(".yaml")
+    except ValueError:
+        cfg["name"] = path.stem
+    return cfg
+
+
+def all_configs() -> List[Dict[str, Any]]:
+    return [load_config(p) for p in sorted(CONFIG_DIR.rglob("*.yaml"))
+            if p.name not in ("tables.yaml", "demo.yaml")]
+
+
+def to_flags(options: Optional[Dict[str, Any]]) -> List[str]:
+    """{'max-tokens': 4096, 'share-all-embeddings': True} -> ['--max-tokens', '4096', '--share-all-embeddings']"""
+    flags: List[str] = []
+    for key, value in (options or {}).items():
+        if value is None or value is False:
+            continue
+        flags.append(f"--{key}")
+        if value is not True:
+            flags.append(str(value))
+    return flags
+
+
+def run_key(cfg: Dict[str, Any]) -> str:
+    """Name of the training run: configs that train the same model share one run (several
+    table rows are the same experiment, e.g. the default TranSFormer in Tables 1 and 4-6)."""
+    what = {k: cfg[k] for k in ("data", "arch", "task", "model", "train", "gpus")}
+    digest = hashlib.sha1(json.dumps(what, sort_keys=True).encode()).hexdigest()[:8]
+    return f"{cfg['data']}.{cfg['arch']}.{digest}"
+
+
+def scaled_update_freq(cfg: Dict[str, Any], world_size: int) -> int:
+    """Keep the paper's tokens per update on ``world_size`` devices instead of ``gpus``."""
+    base = int(cfg["train"].get("update-freq", 1))
+    return max(1, math.ceil(base * cfg["gpus"] / world_size))
+
+
+def train_flags(cfg: Dict[str, Any], world_size: int) -> List[str]:
+    """fairseq-train flags of a config, without data dir and save dir."""
+    train = dict(cfg["train"], **{"update-freq": scaled_update_freq(cfg, world_size)})
+    return ["--user-dir", str(USER_DIR), "--arch", cfg["arch"],
+            *to_flags(cfg["task"]), *to_flags(cfg["model"]), *to_flags(train)]
+
+
+def generate_flags(cfg: Dict[str, Any]) -> List[str]:
+    """fairseq-generate flags of a config, without data dir and checkpoint."""
+    return ["--user-dir", str(USER_DIR), *to_flags(cfg["task"]), *to_flags(cfg["generate"])]
+
+
+def load_tables() -> Dict[str, Any]:
+    tables = yaml.safe_load((CONFIG_DIR / "tables.yaml").read_text(encoding="utf-8"))
+    if not isinstance(tables, dict):
+        raise ConfigError("configs/tables.yaml must map table ids to tables")
+    return tables

@@ -1,0 +1,150 @@
+"""Translate a test set with fairseq-generate, detokenize, and score with the sacrebleu CLI.
+
+    python -m scripts.evaluate configs/bpt/table7_bpt_k4.yaml        # averages, generates, scores
+    python -m scripts.evaluate CONFIG --checkpoint path/to/checkpoint.pt
+
+Two scores, both from the sacrebleu command line (its signature is printed and saved):
+
+- ``sacrebleu``: detokenized hypotheses (sacremoses) against the untokenized references
+  that ``scripts.prepare_data`` kept (``{subset}.raw.{tgt}``); the reportable number.
+- ``tokenized``: Moses-tokenized hypotheses against the tokenized references with
+  ``--tokenize none``, i.e. multi-bleu.perl's number. Hyphens are split (``@-@``), which
+  is the compound splitting of the usual WMT14 En-De tokenized BLEU.
+
+Lower-cased corpora (IWSLT14) are scored with ``-lc``. Results go to
+``results/<config name>.json``.
+"""
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from .average_checkpoints import average, last_epoch_checkpoints
+from .config import REPO, generate_flags, load_config, run_key
+from .train import default_data_dir, local_devices
+
+import torch
+
+
+def read_hypotheses(generate_out: str) -> Dict[int, str]:
+    """Sentence id -> hypothesis (after --remove-bpe) from fairseq-generate's ``D-`` lines."""
+    hyps = {}
+    for line in generate_out.splitlines():
+        if line.startswith("D-"):
+            sid, _score, *text = line.split("\t")
+            hyps[int(sid[2:])] = text[0] if text else ""
+    return hyps
+
+
+def detokenize(lines: List[str], lang: str) -> List[str]:
+    from sacremoses import MosesDetokenizer
+
+    detok = MosesDetokenizer(lang=lang)
+    return [detok.detokenize(line.split()) for line in lines]
+
+
+def sacrebleu_cli(reference: Path, hypothesis: Path, lowercase: bool, tokenize: Optional[str] = None) -> dict:
+    """Run the sacrebleu command line; returns its JSON (score, signature, ...)."""
+    exe = shutil.which("sacrebleu")
+    if exe is None:
+        raise RuntimeError("the sacrebleu command is not on PATH (pip install sacrebleu)")
+    cmd = [exe, str(reference), "-i", str(hypothesis), "-m", "bleu", "-f", "json"]
+    if lowercase:
+        cmd.append("-lc")
+    if tokenize:
+        cmd += ["--tokenize", tokenize]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def score(generate_out: str, data: Path, subset: str, out_dir: Path) -> dict:
+    """Score fairseq-generate output against the references prepared beside ``data``."""
+    meta = json.loads((data / "prep.json").read_text())
+    tgt, lowercase = meta["target_lang"], meta["lowercase"]
+    raw_ref = data / f"{subset}.raw.{tgt}"
+    tok_ref_bpe = data / "text" / f"{subset}.{tgt}"
+    references = raw_ref.read_text(encoding="utf-8").splitlines()
+    hyps = read_hypotheses(generate_out)
+    if sorted(hyps) != list(range(len(references))):
+        raise ValueError(f"fairseq-generate produced {len(hyps)} hypotheses for {len(references)} "
+                         f"references of {subset}; ids must be 0..{len(references) - 1}")
+    tokenized = [hyps[i] for i in range(len(references))]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = {name: out_dir / f"{subset}.{name}.{tgt}" for name in ("hyp.tok", "hyp.detok", "ref.tok")}
+    files["hyp.tok"].write_text("".join(h + "\n" for h in tokenized), encoding="utf-8")
+    files["hyp.detok"].write_text("".join(h + "\n" for h in detokenize(tokenized, tgt)), encoding="utf-8")
+    ref_tok = [line.replace("@@ ", "").removesuffix("@@")
+               for line in tok_ref_bpe.read_text(encoding="utf-8").splitlines()]
+    files["ref.tok"].write_text("".join(r + "\n" for r in ref_tok), encoding="utf-8")
+    detok = sacrebleu_cli(raw_ref, files["hyp.detok"], lowercase)
+    tok = sacrebleu_cli(files["ref.tok"], files["hyp.tok"], lowercase, tokenize="none")
+    return {"sentences": len(references), "sacrebleu": detok["score"], "sacrebleu_signature": detok["signature"],
+            "tokenized": tok["score"], "tokenized_signature": tok["signature"]}
+
+
+def checkpoint_for(cfg, run_dir: Path) -> Path:
+    """The averaged checkpoint of the config (made once), or checkpoint_best.pt."""
+    n = cfg["average_last"]
+    if n == 0:
+        return run_dir / "checkpoint_best.pt"
+    averaged = run_dir / f"checkpoint_avg{n}.pt"
+    if not averaged.exists():
+        paths = last_epoch_checkpoints(run_dir, n)
+        print("averaging " + ", ".join(p.name for p in paths), flush=True)
+        torch.save(average(paths), averaged)
+    return averaged
+
+
+def generate(cfg, data: Path, checkpoint: Path, subset: str, cpu: bool, extra: List[str] = ()) -> str:
+    exe = shutil.which("fairseq-generate")
+    if exe is None:
+        raise RuntimeError("fairseq-generate not found on PATH: run scripts/setup.sh")
+    cmd = [exe, str(data), "--path", str(checkpoint), "--gen-subset", subset, "--remove-bpe",
+           *generate_flags(cfg), *(["--cpu"] if cpu else []), *extra]
+    print(" ".join(cmd), file=sys.stderr, flush=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"fairseq-generate failed:\n{proc.stderr[-4000:]}")
+    return proc.stdout
+
+
+def evaluate(cfg, data: Path, checkpoint: Path, subset: str, results_dir: Path, extra: List[str] = ()) -> dict:
+    out = generate(cfg, data, checkpoint, subset, cpu=local_devices() == 0, extra=extra)
+    work = results_dir / cfg["name"]
+    work.mkdir(parents=True, exist_ok=True)
+    (work / f"generate-{subset}.txt").write_text(out, encoding="utf-8")
+    result = {"config": cfg["name"], "table": cfg["table"], "row": cfg["row"], "column": cfg["column"],
+              "run": checkpoint.parent.name, "checkpoint": str(checkpoint), "subset": subset,
+              **score(out, data, subset, work)}
+    (results_dir / f"{cfg['name']}.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"{cfg['name']}: SacreBLEU {result['sacrebleu']:.2f} ({result['sacrebleu_signature']}); "
+          f"tokenized BLEU {result['tokenized']:.2f}", flush=True)
+    return result
+
+
+def main(argv=None) -> dict:
+    from .train import split_passthrough
+
+    ours, extra = split_passthrough(argv)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config", type=Path)
+    p.add_argument("--data", type=Path, help="data-bin directory (default: data-bin/<corpus>)")
+    p.add_argument("--runs-dir", type=Path, default=REPO / "runs")
+    p.add_argument("--checkpoint", type=Path, help="default: the run's averaged (or best) checkpoint")
+    p.add_argument("--subset", default="test")
+    p.add_argument("--results-dir", type=Path, default=REPO / "results")
+    args = p.parse_args(ours)
+    cfg = load_config(args.config)
+    data = args.data or default_data_dir(cfg)
+    checkpoint = args.checkpoint or checkpoint_for(cfg, args.runs_dir / run_key(cfg))
+    if not checkpoint.exists():
+        sys.exit(f"{checkpoint} does not exist: train first (python -m scripts.train {args.config})")
+    return evaluate(cfg, data, checkpoint, args.subset, args.results_dir, extra)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""Reproduce one paper table end to end: prepare data, train, average, evaluate, tabulate.
+
+    python -m scripts.reproduce_table bpt-table7                   # everything
+    python -m scripts.reproduce_table bpt-table7 --dry-run         # show the plan and commands
+    python -m scripts.reproduce_table slowfast-table5 --stages evaluate,table
+    python -m scripts.reproduce_table bpt-table7 -- --max-update 20   # extra fairseq-train flags
+
+Rows that describe the same model (same data, arch and options) train once. Each stage
+skips work already done: prepared data-bins, finished results JSON; fairseq resumes
+interrupted training from checkpoint_last.pt.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+from . import evaluate, prepare_data, results_table, train
+from .config import REPO, load_tables, run_key
+
+STAGES = ("prepare", "train", "evaluate", "table")
+
+
+def main(argv=None) -> str:
+    ours, extra = train.split_passthrough(argv)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("table", choices=sorted(load_tables()))
+    p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {STAGES}")
+    p.add_argument("--raw-dir", type=Path, help="local raw corpus files (default: download)")
+    p.add_argument("--data-root", type=Path, default=REPO / "data-bin")
+    p.add_argument("--runs-dir", type=Path, default=REPO / "runs")
+    p.add_argument("--results-dir", type=Path, default=REPO / "results")
+    p.add_argument("--workers", type=int, default=8, help="data preparation processes")
+    p.add_argument("--world-size", type=int, help="GPUs (default: all visible; 0 = CPU)")
+    p.add_argument("--fp16", action="store_true")
+    p.add_argument("--dry-run", action="store_true")
+    args = p.parse_args(ours)
+    stages = args.stages.split(",")
+    unknown = set(stages) - set(STAGES)
+    if unknown:
+        p.error(f"unknown stages {sorted(unknown)}; choose from {STAGES}")
+    configs = results_table.table_configs(args.table)
+    if not configs:
+        sys.exit(f"{args.table} has no configs to run")
+    runs = {}
+    for cfg in configs:
+        runs.setdefault(run_key(cfg), []).append(cfg)
+    print(f"{args.table}: {len(configs)} rows, {len(runs)} training runs", flush=True)
+    for i, (key, cfgs) in enumerate(runs.items(), 1):
+        cfg = cfgs[0]
+        data = args.data_root / cfg["data"]
+        print(f"[{i}/{len(runs)}] {key}: " + ", ".join(c["name"] for c in cfgs), flush=True)
+        if "prepare" in stages and not (data / "prep.json").exists():
+            cmd = [cfg["data"], "--out", str(data), "--workers", str(args.workers)]
+            if args.raw_dir:
+                cmd += ["--raw-dir", str(args.raw_dir)]
+            print("  python -m scripts.prepare_data " + " ".join(cmd), flush=True)
+            if not args.dry_run:
+                prepare_data.main(cmd)
+        cfg_path = str(REPO / "configs" / f"{cfg['name']}.yaml")
+        if "train" in stages:
+            targs = [cfg_path, "--data", str(data), "--runs-dir", str(args.runs_dir)]
+            if args.world_size is not None:
+                targs += ["--world-size", str(args.world_size)]
+            targs += ["--fp16"] * args.fp16 + ["--dry-run"] * args.dry_run
+            train.main(targs + (["--", *extra] if extra else []))
+        if "evaluate" in stages:
+            for c in cfgs:
+                done = args.results_dir / f"{c['name']}.json"
+                if done.exists():
+                    print(f"  {c['name']}: already evaluated ({done})", flush=True)
+                elif args.dry_run:
+                    print(f"  python -m scripts.evaluate configs/{c['name']}.yaml", flush=True)
+                else:
+                    ckpt = evaluate.checkpoint_for(c, args.runs_dir / key)
+                    evaluate.evaluate(c, data, ckpt, "test", args.results_dir)
+    if "table" not in stages:
+        return ""
+    return results_table.main([args.table, "--results-dir", str(args.results_dir)])
+
+
+if __name__ == "__main__":
+    main()

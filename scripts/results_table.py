@@ -1,0 +1,90 @@
+"""Collect results into a Markdown table shaped like the paper's, paper numbers beside ours.
+
+    python -m scripts.results_table bpt-table7 [--results-dir results] [--out results/bpt-table7.md]
+
+Row order, columns and the rows we do not rerun (prior work, unimplemented ablations)
+come from ``configs/tables.yaml``; our numbers from ``results/<config>.json``
+(written by scripts.evaluate). Missing results show as "-".
+"""
+
+import argparse
+import json
+from pathlib import Path
+from typing import Dict, List
+
+from .config import REPO, all_configs, load_tables
+
+METRIC_NAMES = {"sacrebleu": "SacreBLEU", "tokenized": "tok. BLEU"}
+
+
+def _fmt(x) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def table_configs(table_id: str, configs=None) -> List[dict]:
+    tables = load_tables()
+    if table_id not in tables:
+        raise KeyError(f"unknown table {table_id!r}; known: {', '.join(tables)}")
+    return [c for c in (configs if configs is not None else all_configs()) if c["table"] == table_id]
+
+
+def render(table_id: str, results_dir: Path, configs=None) -> str:
+    spec = load_tables()[table_id]
+    cells = {(c["row"], c["column"]): c for c in table_configs(table_id, configs)}
+    metrics = [spec["metric"], *spec.get("extra_metrics", [])]
+    header = ["Model"]
+    for col in spec["columns"]:
+        for m in metrics:
+            label = METRIC_NAMES[m] if len(spec["columns"]) == 1 else f"{col} {METRIC_NAMES[m]}"
+            header += [f"{label} (paper)", f"{label} (ours)"]
+    header.append("Notes")
+    lines = [f"### {spec['title']}", "", "| " + " | ".join(header) + " |",
+             "|" + "|".join(["---"] + ["---:"] * (len(header) - 2) + ["---"]) + "|"]
+    signatures = set()
+    labelled = set()
+    for row in spec["rows"]:
+        if isinstance(row, dict):  # reported only
+            values = []
+            for col in spec["columns"]:
+                values += [_fmt(row["reported"].get(col)), "-"] + ["-", "-"] * (len(metrics) - 1)
+            lines.append("| " + " | ".join([row["row"], *values, row["why"]]) + " |")
+            continue
+        labelled.add(row)
+        values, notes = [], []
+        for col in spec["columns"]:
+            cfg = cells.get((row, col))
+            if cfg is None:
+                raise ValueError(f"{table_id}: no config for row {row!r}, column {col!r}")
+            res_path = results_dir / f"{cfg['name']}.json"
+            res = json.loads(res_path.read_text()) if res_path.exists() else {}
+            for m in metrics:
+                values += [_fmt(cfg["reported"].get(m)), _fmt(res.get(m))]
+                if m in res:
+                    signatures.add(res[f"{m}_signature"])
+            if not res:
+                notes.append(f"`{cfg['name']}` not evaluated")
+        lines.append("| " + " | ".join([row, *values, "; ".join(notes)]) + " |")
+    stray = {r for r, _ in cells} - labelled
+    if stray:
+        raise ValueError(f"{table_id}: configs with rows not in tables.yaml: {sorted(stray)}")
+    if signatures:
+        lines += ["", "sacrebleu signatures: " + "; ".join(f"`{s}`" for s in sorted(signatures))]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> str:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("table", choices=sorted(load_tables()))
+    p.add_argument("--results-dir", type=Path, default=REPO / "results")
+    p.add_argument("--out", type=Path, help="default: <results-dir>/<table>.md")
+    args = p.parse_args(argv)
+    text = render(args.table, args.results_dir)
+    out = args.out or args.results_dir / f"{args.table}.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""Train one config with fairseq-train.
+
+    python -m scripts.train configs/bpt/table7_bpt_k4.yaml               # all local GPUs (or CPU)
+    python -m scripts.train CONFIG --world-size 4                          # 4 GPUs on this node
+    python -m scripts.train CONFIG --nnodes 2 --node-rank 0 --master-addr HOST   # multi-node (torchrun)
+    python -m scripts.train CONFIG -- --max-update 100                     # extra fairseq-train flags
+
+The paper's batch is kept on fewer devices by scaling ``--update-freq`` (config ``gpus``).
+Checkpoints go to ``runs/<run key>`` (shared by configs that describe the same model);
+fairseq resumes from ``checkpoint_last.pt`` there when rerun.
+"""
+
+import argparse
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import List
+
+from .config import REPO, load_config, run_key, train_flags
+
+
+def default_data_dir(cfg) -> Path:
+    return REPO / "data-bin" / cfg["data"]
+
+
+def local_devices() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def build_command(cfg, data: Path, save_dir: Path, gpus_per_node: int, nnodes: int = 1,
+                  node_rank: int = 0, master_addr: str = "", master_port: int = 29500,
+                  fp16: bool = False, extra: List[str] = ()) -> List[str]:
+    """The fairseq-train command line (wrapped in torchrun for several nodes)."""
+    exe = shutil.which("fairseq-train")
+    if exe is None:
+        raise RuntimeError("fairseq-train not found on PATH: run scripts/setup.sh")
+    world = max(1, gpus_per_node) * nnodes
+    cmd = [exe, str(data), "--save-dir", str(save_dir), *train_flags(cfg, world)]
+    if gpus_per_node == 0:
+        if nnodes > 1:
+            raise ValueError("multi-node training needs GPUs")
+        cmd.append("--cpu")
+    elif world > 1:
+        cmd += ["--distributed-world-size", str(world)]
+    if fp16:
+        cmd.append("--fp16")
+    cmd += list(extra)
+    if nnodes > 1:
+        if not master_addr:
+            raise ValueError("--nnodes > 1 needs --master-addr")
+        cmd = ["torchrun", f"--nproc_per_node={gpus_per_node}", f"--nnodes={nnodes}",
+               f"--node_rank={node_rank}", f"--master_addr={master_addr}",
+               f"--master_port={master_port}", *cmd]
+    return cmd
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config", type=Path)
+    p.add_argument("--data", type=Path, help="data-bin directory (default: data-bin/<corpus>)")
+    p.add_argument("--runs-dir", type=Path, default=REPO / "runs")
+    p.add_argument("--world-size", type=int, help="GPUs per node (default: all visible; 0 = CPU)")
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument("--master-addr", default="")
+    p.add_argument("--master-port", type=int, default=29500)
+    p.add_argument("--fp16", action="store_true", help="mixed precision (GPU)")
+    p.add_argument("--dry-run", action="store_true", help="print the command only")
+    return p
+
+
+def split_passthrough(argv):
+    """(our args, fairseq args): everything after a bare ``--`` goes to fairseq."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1 :]
+    return argv, []
+
+
+def main(argv=None) -> Path:
+    ours, extra = split_passthrough(argv)
+    args = build_parser().parse_args(ours)
+    cfg = load_config(args.config)
+    data = args.data or default_data_dir(cfg)
+    if not args.dry_run and not data.is_dir():
+        sys.exit(f"{data} does not exist: python -m scripts.prepare_data {cfg['data']} --out {data}")
+    save_dir = args.runs_dir / run_key(cfg)
+    gpus = local_devices() if args.world_size is None else args.world_size
+    cmd = build_command(cfg, data, save_dir, gpus, args.nnodes, args.node_rank, args.master_addr,
+                        args.master_port, args.fp16, extra)
+    print(shlex.join(cmd), flush=True)
+    if not args.dry_run:
+        save_dir.mkdir(parents=True, exist_ok=True)
+        subprocess.run(cmd, check=True)
+    return save_dir
+
+
+if __name__ == "__main__":
+    main()
