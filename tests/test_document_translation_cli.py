@@ -1,0 +1,94 @@
+"""document_translation end to end with the real fairseq console scripts, on the fixture with
+document boundaries (tests/fixtures/doc), using the paper's baseline: the stock transformer."""
+
+import argparse
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("fairseq")
+from fairseq import checkpoint_utils, utils  # noqa: E402
+
+from tests.cli import USER_DIR, generate, hypotheses, interactive, parse_bleu, train  # noqa: E402
+from tests.document_fixture import FIXTURE, binarized_doc_fixture  # noqa: E402
+
+DOC_ARGS = ["--task", "document_translation", "--context-tokens", "32"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    utils.import_user_module(argparse.Namespace(user_dir=str(USER_DIR)))  # for the in-process tests
+    tmp = tmp_path_factory.mktemp("doc")
+    data = binarized_doc_fixture(tmp)
+    train(data, tmp / "ckpt", "transformer", DOC_ARGS, max_update=30)
+    return data, tmp / "ckpt" / "checkpoint_last.pt"
+
+
+def test_every_test_sentence_is_translated_once_against_its_own_reference(trained):
+    data, checkpoint = trained
+    out = generate(data, checkpoint, DOC_ARGS)
+    references = (FIXTURE / "test.de").read_text().splitlines()
+    assert sorted(hypotheses(out)) == list(range(len(references)))
+    assert sum(line.startswith("H-") for line in out.splitlines()) == len(references)
+    targets = {int(line.split("\t")[0][2:]): line.split("\t")[1]
+               for line in out.splitlines() if line.startswith("T-")}  # fmt: skip
+    for i, reference in enumerate(references):  # the current sentence only, never its context
+        assert len(targets[i].split()) == len(reference.split())
+        assert all(got in (want, "<<unk>>") for got, want in zip(targets[i].split(), reference.split()))
+    parse_bleu(out)
+    generated = generate(data, checkpoint, DOC_ARGS + ["--target-context-at-inference", "generated"])
+    assert sorted(hypotheses(generated)) == list(range(len(references)))
+
+
+def test_interactive_accepts_context_joined_with_separators(trained):
+    data, checkpoint = trained
+    out = interactive(data, checkpoint, ["a man is walking .", "a dog runs . <s> a man is walking ."], DOC_ARGS)
+    assert sorted(hypotheses(out)) == [0, 1]
+
+
+def test_reference_context_is_forced_then_cut_from_the_output(trained):
+    data, checkpoint = trained
+    models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task(
+        [str(checkpoint)], arg_overrides={"data": str(data), "user_dir": str(USER_DIR)}
+    )
+    task.load_dataset("test")
+    dataset = task.dataset("test")
+    batch = dataset.collater([dataset[i] for i in range(8)])
+    context = batch["target_context"]
+    assert context.size(1) > 0
+    generator = task.build_generator(models, argparse.Namespace(beam=2))
+    generator.max_len_b += context.size(1)
+    with torch.no_grad():
+        raw = generator.generate(models, batch, prefix_tokens=context)
+    generator.max_len_b -= context.size(1)
+    hypos = task.inference_step(generator, models, batch)
+    pad = task.target_dictionary.pad()
+    for row in range(len(raw)):
+        prefix = context[row][context[row].ne(pad)]
+        full = raw[row][0]["tokens"]
+        assert torch.equal(full[: len(prefix)], prefix)
+        assert torch.equal(hypos[row][0]["tokens"], full[len(prefix):])
+        assert len(hypos[row][0]["positional_scores"]) == len(hypos[row][0]["tokens"])
+    with pytest.raises(ValueError, match="prefix-size"):
+        task.inference_step(generator, models, batch, prefix_tokens=context[:, :1])
+
+
+def test_samples_never_contain_other_documents_or_later_sentences(trained):
+    data, _ = trained
+    models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task(
+        [str(trained[1])], arg_overrides={"data": str(data), "user_dir": str(USER_DIR), "context_tokens": 10_000}
+    )
+    task.load_dataset("train")
+    dataset = task.dataset("train")
+    docids = (FIXTURE / "train.docids").read_text().splitlines()
+    src_lines = (FIXTURE / "train.en").read_text().splitlines()
+    sep = task.source_dictionary.bos()
+    for i in range(len(dataset)):
+        joined = task.source_dictionary.string(dataset[i]["source"])  # drops the separators
+        first = docids.index(docids[i])  # unbounded context: exactly the document so far
+        expected = " ".join(src_lines[first : i + 1])
+        n_sep = int(dataset[i]["source"].eq(sep).sum())
+        assert n_sep == i - first
+        assert len(joined.split()) == len(expected.split())
+        assert all(got in (want, "<unk>") for got, want in zip(joined.split(), expected.split()))
