@@ -1,0 +1,234 @@
+"""Multi-Scale Transformer for translation (Guo et al., 2019), as ``--arch ms_transformer``.
+
+fairseq's transformer with multi-scale multi-head self-attention
+(:mod:`fairseq_plugins.modules.multiscale_attention`) in the encoder and, optionally, causal
+multi-scale self-attention in the decoder.  The per-layer scales come from the paper's alpha
+rule or explicit lists (:mod:`fairseq_plugins.modules.scale_distribution`).  The paper's
+encoder also drops the FFN (``--encoder-drop-ffn``: H <- LN(H + ReLU(MSMSA(H))), Eq. 10)
+and the absolute positions (``--encoder-no-positions``); both are options here because
+they were chosen for text classification, not translation.
+"""
+
+import copy
+
+from torch import nn
+
+from fairseq.distributed import fsdp_wrap
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import (
+    TransformerDecoder,
+    TransformerEncoder,
+    TransformerModel,
+    base_architecture,
+    transformer_iwslt_de_en,
+    transformer_wmt_en_de,
+)
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+from fairseq.modules.transformer_layer import (
+    TransformerDecoderLayerBase,
+    TransformerEncoderLayerBase,
+)
+
+from ..modules.multiscale_attention import MultiScaleSelfAttention
+from ..modules.scale_distribution import PAPER_CANDIDATES, layer_scales
+
+
+def _wrap_layer(layer: nn.Module, cfg) -> nn.Module:
+    """Activation checkpointing and FSDP wrapping, as fairseq does for its own layers."""
+    if cfg.checkpoint_activations:
+        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+    return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not cfg.checkpoint_activations else 0)
+
+
+class MultiScaleEncoderLayer(TransformerEncoderLayerBase):
+    """Encoder layer with multi-scale self-attention; with ``drop_ffn`` the layer is the
+    paper's H <- LN(H + act(MSMSA(H))) with no feed-forward block."""
+
+    def __init__(self, cfg, scales, drop_ffn: bool, block_size: int):
+        self.scales = scales
+        self.block_size = block_size
+        super().__init__(cfg)
+        self.drop_ffn = drop_ffn
+        if drop_ffn:
+            # the FFN and the fused-path copies of its weights
+            for name in ("fc1", "fc2", "final_layer_norm", "fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias"):
+                delattr(self, name)
+
+    def build_self_attention(self, embed_dim, cfg):
+        return MultiScaleSelfAttention(
+            embed_dim,
+            self.scales,
+            dropout=cfg.attention_dropout,
+            causal=False,
+            block_size=self.block_size,
+            q_noise=self.quant_noise,
+            qn_block_size=self.quant_noise_block_size,
+        )
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # fairseq's loader switches on its fused BetterTransformer path, which would compute
+        # full attention (and expects FFN weights); load the plain nn.Module way instead.
+        nn.Module._load_from_state_dict(self, state_dict, prefix, *args, **kwargs)
+
+    def forward(self, x, encoder_padding_mask, attn_mask=None):
+        if not self.drop_ffn:
+            return super().forward(x, encoder_padding_mask, attn_mask)
+        residual = x
+        if self.normalize_before:
+            x = self.self_attn_layer_norm(x)
+        x, _ = self.self_attn(
+            query=x, key=x, value=x, key_padding_mask=encoder_padding_mask,
+            need_weights=False, attn_mask=attn_mask,
+        )  # fmt: skip
+        x = self.dropout_module(self.activation_fn(x))
+        x = self.residual_connection(x, residual)
+        if not self.normalize_before:
+            x = self.self_attn_layer_norm(x)
+        return x
+
+
+class MultiScaleDecoderLayer(TransformerDecoderLayerBase):
+    """Decoder layer whose self-attention is causal multi-scale (left windows)."""
+
+    def __init__(self, cfg, scales, block_size: int, no_encoder_attn: bool = False):
+        self.scales = scales
+        self.block_size = block_size
+        super().__init__(cfg, no_encoder_attn)
+
+    def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
+        if add_bias_kv or add_zero_attn or cfg.cross_self_attention:
+            raise ValueError("multi-scale decoder self-attention supports neither bias_kv, zero_attn nor cross_self_attention")
+        return MultiScaleSelfAttention(
+            embed_dim,
+            self.scales,
+            dropout=cfg.attention_dropout,
+            causal=True,
+            block_size=self.block_size,
+            q_noise=self.quant_noise,
+            qn_block_size=self.quant_noise_block_size,
+        )
+
+
+def _scales_per_layer(args, side: str):
+    return layer_scales(
+        getattr(args, f"{side}_scales"),
+        num_heads=getattr(args, f"{side}_attention_heads"),
+        num_layers=getattr(args, f"{side}_layers"),
+        alpha=getattr(args, f"{side}_scale_alpha"),
+        candidates=args.scale_candidates,
+    )
+
+
+class MultiScaleTransformerEncoder(TransformerEncoder):
+    def __init__(self, args, dictionary, embed_tokens):
+        self.layer_scales = iter(_scales_per_layer(args, "encoder"))
+        if args.encoder_no_positions:
+            args = copy.copy(args)
+            args.no_token_positional_embeddings = True
+        super().__init__(args, dictionary, embed_tokens)
+
+    def build_encoder_layer(self, cfg):
+        layer = MultiScaleEncoderLayer(
+            cfg, next(self.layer_scales), cfg.encoder_drop_ffn, cfg.multiscale_block_size
+        )
+        return _wrap_layer(layer, cfg)
+
+
+class MultiScaleTransformerDecoder(TransformerDecoder):
+    """Standard decoder, or with ``--decoder-self-attention multiscale`` causal windows."""
+
+    def __init__(self, args, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
+        self.multiscale = args.decoder_self_attention == "multiscale"
+        self.layer_scales = iter(_scales_per_layer(args, "decoder")) if self.multiscale else None
+        super().__init__(args, dictionary, embed_tokens, no_encoder_attn, output_projection)
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        if not self.multiscale:
+            return super().build_decoder_layer(cfg, no_encoder_attn)
+        layer = MultiScaleDecoderLayer(
+            cfg, next(self.layer_scales), cfg.multiscale_block_size, no_encoder_attn
+        )
+        return _wrap_layer(layer, cfg)
+
+    def buffered_future_mask(self, tensor):
+        # causal windows mask the future themselves, without an n x n mask
+        return None if self.multiscale else super().buffered_future_mask(tensor)
+
+
+@register_model("ms_transformer")
+class MultiScaleTransformerModel(TransformerModel):
+    """Transformer with multi-scale multi-head self-attention (one window per head)."""
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        parser.add_argument("--scale-candidates", type=str, metavar="LIST",
+                            help="candidate scales of the alpha rule, smallest first: odd widths, "
+                                 "'N/<k>' (fraction of the sentence length), 'N' or 'all'")
+        parser.add_argument("--encoder-scales", type=str, metavar="SPEC",
+                            help="per-head encoder scales: comma-separated, one list per layer "
+                                 "separated by '|' (one list = every layer), or 'paper-example'; "
+                                 "empty: the alpha rule")
+        parser.add_argument("--encoder-scale-alpha", type=float, metavar="A",
+                            help="alpha of the scale distribution (>0: lower layers more local)")
+        parser.add_argument("--encoder-drop-ffn", action="store_true",
+                            help="paper's encoder layer H <- LN(H + ReLU(MSMSA(H))), no FFN")
+        parser.add_argument("--encoder-no-positions", action="store_true",
+                            help="no positional embeddings in the encoder (the paper's choice)")
+        parser.add_argument("--decoder-self-attention", choices=["standard", "multiscale"],
+                            help="decoder self-attention: standard, or causal multi-scale")
+        parser.add_argument("--decoder-scales", type=str, metavar="SPEC",
+                            help="per-head decoder scales, as --encoder-scales")
+        parser.add_argument("--decoder-scale-alpha", type=float, metavar="A",
+                            help="alpha of the decoder's scale distribution")
+        parser.add_argument("--multiscale-block-size", type=int, metavar="N",
+                            help="queries per block in the banded attention kernel")  # fmt: skip
+
+    @classmethod
+    def build_model(cls, args, task):
+        ms_transformer(args)
+        return super().build_model(args, task)
+
+    @classmethod
+    def build_encoder(cls, args, src_dict, embed_tokens):
+        return MultiScaleTransformerEncoder(args, src_dict, embed_tokens)
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        return MultiScaleTransformerDecoder(
+            args, tgt_dict, embed_tokens, no_encoder_attn=args.no_cross_attention
+        )
+
+
+def _multiscale_defaults(args):
+    args.scale_candidates = getattr(args, "scale_candidates", None) or PAPER_CANDIDATES
+    args.encoder_scales = getattr(args, "encoder_scales", None) or ""
+    args.encoder_scale_alpha = getattr(args, "encoder_scale_alpha", None)
+    if args.encoder_scale_alpha is None:
+        args.encoder_scale_alpha = 0.5
+    args.encoder_drop_ffn = getattr(args, "encoder_drop_ffn", False)
+    args.encoder_no_positions = getattr(args, "encoder_no_positions", False)
+    args.decoder_self_attention = getattr(args, "decoder_self_attention", None) or "standard"
+    args.decoder_scales = getattr(args, "decoder_scales", None) or ""
+    args.decoder_scale_alpha = getattr(args, "decoder_scale_alpha", None)
+    if args.decoder_scale_alpha is None:
+        args.decoder_scale_alpha = 0.5
+    args.multiscale_block_size = getattr(args, "multiscale_block_size", None) or 64
+
+
+@register_model_architecture("ms_transformer", "ms_transformer")
+def ms_transformer(args):
+    _multiscale_defaults(args)
+    base_architecture(args)
+
+
+@register_model_architecture("ms_transformer", "ms_transformer_iwslt_de_en")
+def ms_transformer_iwslt_de_en(args):
+    _multiscale_defaults(args)
+    transformer_iwslt_de_en(args)
+
+
+@register_model_architecture("ms_transformer", "ms_transformer_wmt_en_de")
+def ms_transformer_wmt_en_de(args):
+    _multiscale_defaults(args)
+    transformer_wmt_en_de(args)
