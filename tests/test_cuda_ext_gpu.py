@@ -11,7 +11,7 @@ import torch
 
 from fairseq_plugins.graphs.binary_partition import bpt_graph, node_present, segtree_graph
 from fairseq_plugins.modules.graph_attention import AttentionGraph, graph_attention
-from fairseq_plugins.modules import graph_attention_cuda
+from fairseq_plugins.modules import graph_attention_cuda, graph_attention_flex  # noqa: F401
 
 
 
@@ -125,6 +125,18 @@ def test_backward_is_bit_reproducible():
     for _ in range(3):
         again = run("cuda", q, k, v, rel, kpm, graph, None, grad_out)
         assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+@gpu
+def test_flex_backend_forward_and_gradients():
+    graph = bpt_graph(700, 4)
+    check = TOLERANCE[torch.float32]
+    q, k, v, rel, kpm = make_inputs(graph, 2, 2, 64, torch.float32, padded_lengths=[700, 300])
+    grad_out = torch.randn_like(q)
+    expected = run("torch", q, k, v, rel, kpm, graph, torch.float64, grad_out)
+    actual = run("flex", q, k, v, rel, kpm, graph, None, grad_out)
+    for name, a, e in zip(("out", "dq", "dk", "dv", "drel"), actual, expected):
+        assert_close(a, e, torch.float32, f"flex {name} (tolerance {check})")
 
 
 # ----------------------------------------------------------------------------- dropout
