@@ -63,10 +63,10 @@ def run(backend, q, k, v, rel, kpm, graph, dtype=None, grad_out=None):
     return [out.detach()] + [t.grad for t in leaves]
 
 
-def assert_close(actual, expected, dtype, what):
+def assert_close(actual, expected, dtype, what, tolerance=None):
     error = (actual.double() - expected).abs().max().item()
     scale = max(expected.abs().max().item(), 1.0)
-    assert error <= TOLERANCE[dtype] * scale, f"{what}: max error {error:.3g} (scale {scale:.3g})"
+    assert error <= (tolerance or TOLERANCE[dtype]) * scale, f"{what}: max error {error:.3g} (scale {scale:.3g})"
 
 
 def check_against_torch(graph, batch, heads, dim, dtype, padded_lengths=None):
@@ -130,13 +130,12 @@ def test_backward_is_bit_reproducible():
 @gpu
 def test_flex_backend_forward_and_gradients():
     graph = bpt_graph(700, 4)
-    check = TOLERANCE[torch.float32]
     q, k, v, rel, kpm = make_inputs(graph, 2, 2, 64, torch.float32, padded_lengths=[700, 300])
     grad_out = torch.randn_like(q)
     expected = run("torch", q, k, v, rel, kpm, graph, torch.float64, grad_out)
     actual = run("flex", q, k, v, rel, kpm, graph, None, grad_out)
     for name, a, e in zip(("out", "dq", "dk", "dv", "drel"), actual, expected):
-        assert_close(a, e, torch.float32, f"flex {name} (tolerance {check})")
+        assert_close(a, e, torch.float32, f"flex {name}", tolerance=1e-4)
 
 
 # ----------------------------------------------------------------------------- dropout
