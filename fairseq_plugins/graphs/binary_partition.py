@@ -251,3 +251,75 @@ def node_levels(n: int) -> Tuple[torch.Tensor, torch.Tensor]:
     sizes = tree_level_sizes(n)
     level = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
     return level, torch.cat([torch.arange(s) for s in sizes])
+
+
+@dataclass(frozen=True)
+class TreeGraphSpec:
+    """Which tree graph a model side uses; builds (cached) graphs and decoding steps."""
+
+    kind: str  # "bpt" or "segtree"
+    k: int
+    clip: int
+    causal: bool
+
+    def __post_init__(self):
+        if self.kind not in ("bpt", "segtree"):
+            raise ValueError(f"unknown tree graph kind {self.kind!r}")
+        TreeEdgeTypes(self.k, self.clip)
+
+    @property
+    def types(self) -> TreeEdgeTypes:
+        return TreeEdgeTypes(self.k if self.kind == "bpt" else 1, self.clip)
+
+    @property
+    def span_self_loop(self) -> bool:
+        return self.kind == "segtree"
+
+    def build(self, n: int) -> AttentionGraph:
+        if self.kind == "bpt":
+            return bpt_graph(n, self.k, self.causal, self.clip)
+        return segtree_graph(n, self.causal, self.clip)
+
+    def token_contexts(self, positions: torch.Tensor, n) -> torch.Tensor:
+        if self.kind == "bpt":
+            return bpt_token_contexts(positions, n, self.k, self.causal, self.types)
+        return segtree_token_contexts(positions, n, self.causal, self.types)
+
+
+def creation_slot(level: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Slot of node (level, index) when a causal tree grows one token at a time.
+
+    Step s appends token s, then every span completed by it (levels 1, 2, ... in order);
+    before step s there are s + sum_j floor(s / 2^j) = 2s - popcount(s) nodes."""
+    step = ((index + 1) << level) - 1
+    popcount = sum((step >> b) & 1 for b in range(63))
+    return 2 * step - popcount + level
+
+
+@functools.lru_cache(maxsize=4096)
+def causal_step_rows(spec: TreeGraphSpec, t: int):
+    """CSR rows (indptr, key slots, types) of the nodes created at decoding step t.
+
+    The nodes are token t, then the spans that token t completes (levels 1..); their keys are
+    cache slots (``creation_slot``). A token's causal context holds O(k log t) nodes; a span
+    completed at step t reads its 2^j tokens, i.e. O(log t) tokens per step amortised."""
+    if not spec.causal:
+        raise ValueError("incremental decoding needs a causal graph")
+    contexts = spec.token_contexts(torch.tensor([t]), t + 1)
+    rows = [creation_slot(contexts[1], contexts[2])]
+    row_types = [contexts[3]]
+    j = 1
+    while (t + 1) % (1 << j) == 0:
+        m = (t + 1) // (1 << j) - 1
+        tokens = torch.arange(m << j, (m + 1) << j)
+        keys = creation_slot(torch.zeros_like(tokens), tokens)
+        types = torch.full_like(tokens, spec.types.ancestor(j))
+        if spec.span_self_loop:
+            keys = torch.cat([keys, creation_slot(torch.tensor([j]), torch.tensor([m]))])
+            types = torch.cat([types, torch.tensor([spec.types.self_type])])
+        rows.append(keys)
+        row_types.append(types)
+        j += 1
+    counts = torch.tensor([len(r) for r in rows])
+    return (torch.cat([counts.new_zeros(1), counts.cumsum(0)]), torch.cat(rows),
+            torch.cat(row_types))

@@ -1,0 +1,122 @@
+"""bpt_transformer / segtree_transformer: padding, causality, incremental decoding, CLI."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("fairseq")
+from fairseq import options, tasks  # noqa: E402
+
+from tests.cli import TINY_MODEL_ARGS, USER_DIR, train_and_translate  # noqa: E402
+
+VOCAB = 30
+ARCHS = ["bpt_transformer", "segtree_transformer"]
+
+
+def build(tmp_path: Path, arch: str, extra=()):
+    for lang in ("en", "de"):
+        (tmp_path / f"dict.{lang}.txt").write_text("".join(f"w{i} 1\n" for i in range(VOCAB)))
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, [
+        str(tmp_path), "--user-dir", str(USER_DIR), "--task", "translation", "-s", "en", "-t", "de",
+        "--arch", arch, *TINY_MODEL_ARGS, "--dropout", "0", "--graph-k", "1",
+        "--max-source-positions", "64", *extra,
+    ])  # fmt: skip
+    task = tasks.setup_task(args)
+    torch.manual_seed(0)
+    return task, task.build_model(args).eval().double()
+
+
+def random_tokens(task, lengths, seed, left_pad):
+    gen = torch.Generator().manual_seed(seed)
+    d = task.source_dictionary
+    rows = []
+    for n in lengths:
+        words = (torch.randint(d.nspecial, len(d), (n - 1,), generator=gen).tolist() + [d.eos()])
+        pad = [d.pad()] * (max(lengths) - n)
+        rows.append(pad + words if left_pad else words + pad)
+    return torch.tensor(rows)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_batch_equals_one_by_one(tmp_path, arch):
+    """Padding never changes a result: each sentence decoded alone gives the same outputs."""
+    task, model = build(tmp_path, arch)
+    src_lengths = [9, 3, 6, 1]
+    src = random_tokens(task, src_lengths, 0, left_pad=True)
+    tgt_lengths = [5, 7, 2, 4]
+    prev = random_tokens(task, tgt_lengths, 1, left_pad=False)
+    logits, _ = model(src, torch.tensor(src_lengths), prev)
+    for b, (n, m) in enumerate(zip(src_lengths, tgt_lengths)):
+        alone, _ = model(src[b:b + 1, -n:], torch.tensor([n]), prev[b:b + 1, :m])
+        torch.testing.assert_close(logits[b:b + 1, :m], alone)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_decoder_is_causal(tmp_path, arch):
+    task, model = build(tmp_path, arch)
+    src = random_tokens(task, [8], 0, left_pad=True)
+    prev = random_tokens(task, [13], 1, left_pad=False)
+    logits, _ = model(src, torch.tensor([8]), prev)
+    for t in [0, 3, 7, 11]:
+        changed = prev.clone()
+        d = task.target_dictionary
+        changed[0, t + 1:] = (prev[0, t + 1:] - d.nspecial + 1) % (len(d) - d.nspecial) + d.nspecial
+        other, _ = model(src, torch.tensor([8]), changed)
+        torch.testing.assert_close(other[:, :t + 1], logits[:, :t + 1])
+        assert not torch.allclose(other[:, t + 1:], logits[:, t + 1:])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_incremental_decoding_equals_full_sequence(tmp_path, arch):
+    task, model = build(tmp_path, arch, ["--graph-k", "2"])
+    src = random_tokens(task, [10, 6], 0, left_pad=True)
+    prev = random_tokens(task, [17, 17], 1, left_pad=False)
+    encoder_out = model.encoder(src, src_lengths=torch.tensor([10, 6]))
+    full, _ = model.decoder(prev, encoder_out=encoder_out)
+    state = {}
+    for t in range(prev.size(1)):
+        if t == 9:  # beam search reorders the cache: swap, then swap back
+            order = torch.tensor([1, 0])
+            model.decoder.reorder_incremental_state_scripting(state, order)
+            model.decoder.reorder_incremental_state_scripting(state, order)
+        step, _ = model.decoder(prev[:, :t + 1], encoder_out=encoder_out, incremental_state=state)
+        torch.testing.assert_close(step[:, 0], full[:, t])
+
+
+def test_reorder_encoder_out(tmp_path):
+    task, model = build(tmp_path, "bpt_transformer")
+    src = random_tokens(task, [5, 3], 0, left_pad=True)
+    out = model.encoder(src, src_lengths=torch.tensor([5, 3]))
+    reordered = model.encoder.reorder_encoder_out(out, torch.tensor([1, 1, 0]))
+    assert reordered["encoder_out"][0].shape == (5, 3, 32)
+    torch.testing.assert_close(reordered["encoder_out"][0][:, 2], out["encoder_out"][0][:, 0])
+    assert reordered["encoder_padding_mask"][0][:, -2:].tolist() == [[True, True]] * 2 + [[False, False]]
+
+
+def test_graph_on_one_side_only(tmp_path):
+    from fairseq.models.transformer import TransformerDecoderBase
+    from fairseq_plugins.models.bpt_transformer import GraphTransformerDecoder
+    _, model = build(tmp_path, "bpt_transformer", ["--graph-sides", "encoder"])
+    assert not isinstance(model.decoder, GraphTransformerDecoder)
+    assert isinstance(model.decoder, TransformerDecoderBase)
+
+
+def test_bad_input_raises(tmp_path):
+    task, model = build(tmp_path, "bpt_transformer")
+    src = torch.full((1, 3), task.source_dictionary.pad())
+    with pytest.raises(ValueError, match="empty source"):
+        model.encoder(src, src_lengths=torch.tensor([0]))
+    too_long = random_tokens(task, [65], 0, left_pad=True)
+    with pytest.raises(ValueError, match="max-source-positions"):
+        model.encoder(too_long, src_lengths=torch.tensor([65]))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_train_generate_interactive(tiny_data_bin, tmp_path, arch):
+    result = train_and_translate(tiny_data_bin, tmp_path / "ckpt", arch,
+                                 [*TINY_MODEL_ARGS, "--graph-k", "2"], max_update=20)
+    assert "H-0" in result["generate_out"]
+    assert result["bleu"] >= 0.0
+    assert "H-0" in result["interactive_out"] and "H-1" in result["interactive_out"]
