@@ -1,0 +1,163 @@
+"""TranSFormer's cost against the stock transformer of the same (slow) size, in one run.
+
+    python -m scripts.benchmark_slowfast                      # base sizes (512/2048, 6+6 layers)
+    python -m scripts.benchmark_slowfast --size tiny --updates 3
+
+Measures, on real Multi30K En-De batches (word-level source vocabulary, so every word
+is one subword): training time per update (forward, backward, Adam step; median over
+``--updates``, models interleaved so that load on a shared machine hits all alike) and
+forward FLOPs per sentence counted by ``torch.utils.flop_counter.FlopCounterMode``.
+Prints ratios against the ``transformer`` measured in the same run (the paper: about
++15% training time, 1.1G -> 1.4G FLOPs for base) and writes them as JSON.
+"""
+
+import argparse
+import gzip
+import json
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
+TOKEN = re.compile(r"\w+|[^\w\s]")
+
+SIZES = {
+    "base": dict(encoder_embed_dim=512, encoder_ffn_embed_dim=2048, encoder_attention_heads=8, encoder_layers=6),
+    "tiny": dict(encoder_embed_dim=64, encoder_ffn_embed_dim=128, encoder_attention_heads=4, encoder_layers=2),
+}
+MODELS = {
+    "transformer": ("transformer", {}),
+    "slow-only": ("transformer_slowfast", dict(no_fast_branch=True)),
+    "transformer_slowfast": ("transformer_slowfast", {}),
+}
+
+
+def read_lines(lang: str, n: int):
+    path = MULTI30K / f"train.{lang}.gz"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: the benchmark reads ../shared/data/multi30k")
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [" ".join(TOKEN.findall(line)) for _, line in zip(range(n), f)]
+
+
+def build_batch(max_tokens: int):
+    """Dictionaries and one left-padded batch of about ``max_tokens`` source tokens."""
+    from fairseq.data import Dictionary, data_utils
+
+    en, de = read_lines("en", 29000), read_lines("de", 29000)
+    dicts = {}
+    for lang, lines in (("en", en), ("de", de)):
+        d = Dictionary()
+        for line in lines:
+            for w in line.split():
+                d.add_symbol(w)
+        d.finalize()
+        dicts[lang] = d
+    src, tgt, tokens = [], [], 0
+    for s, t in zip(en, de):
+        if tokens + len(s.split()) + 1 > max_tokens:
+            break
+        src.append(dicts["en"].encode_line(s, add_if_not_exist=False).long())
+        tgt.append(dicts["de"].encode_line(t, add_if_not_exist=False).long())
+        tokens += len(src[-1])
+    pad_en, pad_de, eos = dicts["en"].pad(), dicts["de"].pad(), dicts["de"].eos()
+    batch = dict(
+        src_tokens=data_utils.collate_tokens(src, pad_en, left_pad=True),
+        src_lengths=torch.tensor([len(s) for s in src]),
+        prev_output_tokens=data_utils.collate_tokens(tgt, pad_de, eos, move_eos_to_beginning=True),
+        target=data_utils.collate_tokens(tgt, pad_de),
+    )
+    return dicts, batch
+
+
+def build_model(arch: str, options: dict, size: dict, dicts):
+    import fairseq_plugins.models.transformer_slowfast  # noqa: F401 (registers the model)
+    from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+
+    parser = argparse.ArgumentParser(argument_default=argparse.SUPPRESS)
+    ARCH_MODEL_REGISTRY[arch].add_args(parser)
+    args = parser.parse_args([])
+    decoder = {k.replace("encoder", "decoder"): v for k, v in size.items()}
+    for k, v in {**size, **decoder, **options, "max_source_positions": 1024, "max_target_positions": 1024}.items():
+        setattr(args, k, v)
+    # the same pre-norm layout for the baseline as for TranSFormer
+    args.encoder_normalize_before = args.decoder_normalize_before = True
+    ARCH_CONFIG_REGISTRY[arch](args)
+    task = argparse.Namespace(source_dictionary=dicts["en"], target_dictionary=dicts["de"])
+    torch.manual_seed(0)
+    return ARCH_MODEL_REGISTRY[arch].build_model(args, task)
+
+
+def train_step(model, optimizer, batch, pad):
+    optimizer.zero_grad()
+    logits, _ = model(batch["src_tokens"], batch["src_lengths"], batch["prev_output_tokens"])
+    loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), batch["target"], ignore_index=pad)
+    loss.backward()
+    optimizer.step()
+
+
+def forward_flops(model, batch) -> int:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model.eval()
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(batch["src_tokens"], batch["src_lengths"], batch["prev_output_tokens"])
+    model.train()
+    return counter.get_total_flops()
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size", choices=sorted(SIZES), default="base")
+    p.add_argument("--max-tokens", type=int, default=2048, help="source tokens per batch")
+    p.add_argument("--updates", type=int, default=5, help="timed updates per model (after one warm-up)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "slowfast.json")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    dicts, batch = build_batch(args.max_tokens)
+    sentences = batch["src_tokens"].size(0)
+    pad = dicts["de"].pad()
+    models = {name: build_model(arch, opts, SIZES[args.size], dicts) for name, (arch, opts) in MODELS.items()}
+    optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-4, betas=(0.9, 0.997)) for name, m in models.items()}
+    print(f"{sentences} sentences, {int(batch['src_lengths'].sum())} source tokens per batch, "
+          f"{args.size} sizes, {args.threads} thread(s)", file=sys.stderr)  # fmt: skip
+
+    times = {name: [] for name in models}
+    for step in range(args.updates + 1):
+        for name, model in models.items():
+            start = time.perf_counter()
+            train_step(model, optimizers[name], batch, pad)
+            if step:  # step 0 warms up
+                times[name].append(time.perf_counter() - start)
+        print(f"update {step}/{args.updates} done", file=sys.stderr)
+
+    results = {}
+    for name, model in models.items():
+        results[name] = dict(
+            params=sum(q.numel() for q in model.parameters()),
+            seconds_per_update=statistics.median(times[name]),
+            gflops_per_sentence=forward_flops(model, batch) / sentences / 1e9,
+        )
+    base = results["transformer"]
+    print(f"{'model':22} {'params':>11} {'s/update':>9} {'x time':>7} {'GFLOPs/sent':>12} {'x FLOPs':>8}")
+    for name, r in results.items():
+        r["time_ratio"] = r["seconds_per_update"] / base["seconds_per_update"]
+        r["flops_ratio"] = r["gflops_per_sentence"] / base["gflops_per_sentence"]
+        print(f"{name:22} {r['params']:>11,} {r['seconds_per_update']:>9.3f} {r['time_ratio']:>7.3f} "
+              f"{r['gflops_per_sentence']:>12.4f} {r['flops_ratio']:>8.3f}")  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    meta = dict(size=args.size, sentences=sentences, source_tokens=int(batch["src_lengths"].sum()),
+                threads=args.threads, updates=args.updates, torch=torch.__version__)  # fmt: skip
+    args.out.write_text(json.dumps(dict(meta=meta, results=results), indent=2) + "\n")
+    print(f"wrote {args.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
