@@ -13,7 +13,8 @@ Two implementations share one mask definition (:func:`window_allowed`):
 * :func:`multiscale_attention` -- the fast path.  Queries are cut into blocks; a block
   attends to a strided ``unfold`` view of the keys it can reach (block + window), giving
   one dense ``[block x (block + 2r)]`` score matrix per block: memory and work are
-  O(n * (block + omega)) per head instead of O(n^2).  Heads of equal scale are batched.
+  O(n * (block + omega)) per head instead of O(n^2).  Heads of similar window size are
+  batched into one call.
 * :func:`multiscale_attention_reference` -- dense scores with an ``n x n`` mask; the
   ground truth in tests and the path that returns attention weights.
 
@@ -248,17 +249,19 @@ def multiscale_attention(
     num_queries, num_keys = q.shape[2], k.shape[2]
     radii = window_radii(scales, padding, num_queries, causal)
     out = q.new_empty(q.shape[:3] + (v.shape[-1],))
-    groups: Dict[Scale, List[int]] = {}
-    for head, scale in enumerate(scales):
-        groups.setdefault(scale, []).append(head)
+    # heads whose key spans are within a factor of two share one call
+    block = min(block_size, num_queries)
+    side = 1 if causal else 2
+    groups: Dict[int, List[int]] = {}
+    for head, reach in enumerate(radii.amax(dim=(0, 2)).tolist()):
+        groups.setdefault((block + side * reach).bit_length(), []).append(head)
     for heads in groups.values():
         index = torch.tensor(heads, device=q.device)
         group = [scales[head] for head in heads]
         gq, gk, gv = (x.index_select(1, index) for x in (q, k, v))
         group_radii = radii.index_select(1, index)
         reach = int(group_radii.max())
-        span = min(block_size, num_queries) + reach * (1 if causal else 2)
-        if span >= num_keys:
+        if block + side * reach >= num_keys:
             group_out, _ = multiscale_attention_reference(
                 gq, gk, gv, group, padding, causal, dropout_p
             )
