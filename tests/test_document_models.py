@@ -12,7 +12,7 @@ from fairseq import options, tasks  # noqa: E402
 
 from tests.cli import TINY_MODEL_ARGS, USER_DIR  # noqa: E402
 
-ARCHS = ["transformer_document"]
+ARCHS = ["transformer_document", "bpt_document"]
 VOCAB = 30
 
 

@@ -92,3 +92,15 @@ def test_samples_never_contain_other_documents_or_later_sentences(trained):
         assert n_sep == i - first
         assert len(joined.split()) == len(expected.split())
         assert all(got in (want, "<unk>") for got, want in zip(joined.split(), expected.split()))
+
+
+def test_bpt_document_trains_and_translates_each_sentence_once(tmp_path):
+    data = binarized_doc_fixture(tmp_path)
+    train(data, tmp_path / "ckpt", "bpt_document", DOC_ARGS, max_update=20)
+    checkpoint = tmp_path / "ckpt" / "checkpoint_last.pt"
+    out = generate(data, checkpoint, DOC_ARGS)
+    n_test = len((FIXTURE / "test.de").read_text().splitlines())
+    assert sorted(hypotheses(out)) == list(range(n_test))
+    parse_bleu(out)
+    inter = interactive(data, checkpoint, ["a dog runs . <s> a man is walking ."], DOC_ARGS)
+    assert sorted(hypotheses(inter)) == [0]

@@ -25,7 +25,8 @@ from fairseq_plugins.data.document_layout import aligned_sentence_mask
 
 class SentenceAlignedCrossAttention(MultiheadAttention):
     """Encoder-decoder attention taking a per-query mask: ``key_padding_mask`` may be
-    B x T x S (True = hidden). A B x S mask falls back to fairseq's implementation."""
+    B x T x S (True = hidden), or B x 1 x S shared by all T queries (the nodes one decoding step
+    creates). A B x S mask falls back to fairseq's implementation."""
 
     def set_beam_size(self, beam_size):
         """Keep one key/value copy per hypothesis: the masks of a beam's hypotheses differ."""
@@ -51,6 +52,8 @@ class SentenceAlignedCrossAttention(MultiheadAttention):
             if incremental_state is not None:
                 saved["prev_key"], saved["prev_value"] = k, v
                 self._set_input_buffer(incremental_state, saved)
+        if key_padding_mask.size(1) == 1:
+            key_padding_mask = key_padding_mask.expand(-1, tgt_len, -1)
         if key_padding_mask.shape != (bsz, tgt_len, k.size(2)):
             raise ValueError(f"mask {tuple(key_padding_mask.shape)} does not match "
                              f"{bsz} x {tgt_len} queries x {k.size(2)} keys")
@@ -83,6 +86,11 @@ class SentenceAlignedDecoderMixin:
     """Decoder whose encoder attention sees only the source sentence aligned with each
     target position (needs an encoder with ``SourceTokensEncoderMixin``)."""
 
+    def cross_attention_rows(self, mask: Tensor) -> Tensor:
+        """B x T x S mask of the T target tokens -> one row per cross-attention query.
+        Decoders whose layers carry more than the tokens (graph nodes) map them here."""
+        return mask
+
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         layer = super().build_decoder_layer(cfg, no_encoder_attn)
         if layer.encoder_attn is not None:
@@ -103,6 +111,8 @@ class SentenceAlignedDecoderMixin:
                                      separator=self.dictionary.bos(), pad=self.dictionary.pad())
         if incremental_state is not None:  # fairseq feeds only the newest position then
             mask = mask[:, -1:]
+        else:
+            mask = self.cross_attention_rows(mask)
         encoder_out = dict(encoder_out, encoder_padding_mask=[mask])
         return super().extract_features(prev_output_tokens, encoder_out, incremental_state,
                                         full_context_alignment, alignment_layer, alignment_heads)
