@@ -10,6 +10,11 @@ import torch
 pytest.importorskip("fairseq")
 from fairseq import options, tasks  # noqa: E402
 
+# registered explicitly: fairseq's --user-dir import skips the package once a test imported it
+import fairseq_plugins.models.bpt_document  # noqa: E402,F401
+import fairseq_plugins.models.transformer_document  # noqa: E402,F401
+import fairseq_plugins.tasks.document_translation  # noqa: E402,F401
+
 from tests.cli import TINY_MODEL_ARGS, USER_DIR  # noqa: E402
 
 ARCHS = ["transformer_document", "bpt_document"]

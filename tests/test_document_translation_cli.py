@@ -8,7 +8,10 @@ import pytest
 import torch
 
 pytest.importorskip("fairseq")
-from fairseq import checkpoint_utils, utils  # noqa: E402
+from fairseq import checkpoint_utils  # noqa: E402
+
+# registered explicitly: fairseq's --user-dir import skips the package once a test imported it
+import fairseq_plugins.tasks.document_translation  # noqa: E402,F401
 
 from tests.cli import USER_DIR, generate, hypotheses, interactive, parse_bleu, train  # noqa: E402
 from tests.document_fixture import FIXTURE, binarized_doc_fixture  # noqa: E402
@@ -18,7 +21,6 @@ DOC_ARGS = ["--task", "document_translation", "--context-tokens", "32"]
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    utils.import_user_module(argparse.Namespace(user_dir=str(USER_DIR)))  # for the in-process tests
     tmp = tmp_path_factory.mktemp("doc")
     data = binarized_doc_fixture(tmp)
     train(data, tmp / "ckpt", "transformer", DOC_ARGS, max_update=30)
