@@ -141,13 +141,18 @@ FIXES = (
         why=(
             "torch >= 2.6 loads with weights_only=True by default, which refuses the "
             "argparse.Namespace and config objects fairseq checkpoints hold; fairseq-generate "
-            "and resuming training fail. Checkpoints are the user's own files: load them fully."
+            "and resuming training fail. Checkpoints are the user's own files: load them fully. "
+            "While at that line, a file torch cannot read is reported as 'not a valid "
+            "checkpoint' with its path, instead of a bare unpickling error."
         ),
         edits=(
             TextEdit(
                 "checkpoint_utils.py",
-                'state = torch.load(f, map_location=torch.device("cpu"))',
-                'state = torch.load(f, map_location=torch.device("cpu"), weights_only=False)',
+                '        state = torch.load(f, map_location=torch.device("cpu"))\n',
+                "        try:\n"
+                '            state = torch.load(f, map_location=torch.device("cpu"), weights_only=False)\n'
+                "        except Exception as e:\n"
+                '            raise RuntimeError(f"{path} is not a valid checkpoint: {e}") from e\n',
             ),
             TextEdit(
                 "checkpoint_utils.py",
