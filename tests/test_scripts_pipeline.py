@@ -1,0 +1,124 @@
+"""Train -> average -> generate -> detokenize -> sacrebleu -> table, and the demo, on tiny
+Multi30K subsets with the real fairseq console scripts (seconds per model on a CPU)."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from scripts import average_checkpoints, demo, evaluate, train
+from scripts.config import load_config
+from tests.cli import MULTI30K
+
+TINY_MODEL = {"encoder-layers": 1, "decoder-layers": 1, "encoder-embed-dim": 32, "decoder-embed-dim": 32,
+              "encoder-ffn-embed-dim": 64, "decoder-ffn-embed-dim": 64, "encoder-attention-heads": 2,
+              "decoder-attention-heads": 2, "share-all-embeddings": True}
+
+
+@pytest.fixture(scope="module")
+def multi30k_bin(tmp_path_factory):
+    """300 training pairs, 20 valid/test pairs, 300 BPE merges, with raw references."""
+    return demo.prepare_multi30k(MULTI30K, tmp_path_factory.mktemp("m30k") / "data-bin", 300,
+                                 limit=300, test_limit=20)
+
+
+def _fake_checkpoint(path: Path, value: float, step: int):
+    torch.save({"model": {"w": torch.full((2,), value), "version": torch.tensor([step])},
+                "cfg": {"epoch": step}}, path)
+
+
+def test_average_last_epochs_numeric_order_and_mean(tmp_path):
+    for epoch, value in [(2, 100.0), (9, 1.0), (10, 3.0), (11, 5.0)]:
+        _fake_checkpoint(tmp_path / f"checkpoint{epoch}.pt", value, step=7)
+    _fake_checkpoint(tmp_path / "checkpoint_last.pt", 1000.0, step=7)
+    out = average_checkpoints.main([str(tmp_path), "--last", "3", "--output", str(tmp_path / "avg.pt")])
+    state = torch.load(out, weights_only=False)
+    assert torch.equal(state["model"]["w"], torch.full((2,), 3.0))  # mean of epochs 9, 10, 11
+    assert state["cfg"] == {"epoch": 7} and state["model"]["w"].dtype == torch.float32
+    with pytest.raises(FileNotFoundError, match="found 4"):
+        average_checkpoints.last_epoch_checkpoints(tmp_path, 5)
+
+
+def test_average_rejects_differing_integer_buffers(tmp_path):
+    _fake_checkpoint(tmp_path / "a.pt", 1.0, step=1)
+    _fake_checkpoint(tmp_path / "b.pt", 2.0, step=2)
+    with pytest.raises(ValueError, match="version differs"):
+        average_checkpoints.average([tmp_path / "a.pt", tmp_path / "b.pt"])
+
+
+def test_train_command_scales_batch_and_passes_distributed_flags(tmp_path):
+    cfg = load_config(Path(__file__).parents[1] / "configs" / "bpt" / "table7_bpt_k4.yaml")
+    data = tmp_path / "data"
+    four = train.build_command(cfg, data, tmp_path / "run", gpus_per_node=4, extra=["--max-update", "5"])
+    assert four[four.index("--update-freq") + 1] == "2"  # 8 GPUs in the paper
+    assert four[four.index("--distributed-world-size") + 1] == "4" and four[-2:] == ["--max-update", "5"]
+    cpu = train.build_command(cfg, data, tmp_path / "run", gpus_per_node=0)
+    assert "--cpu" in cpu and "--distributed-world-size" not in cpu
+    nodes = train.build_command(cfg, data, tmp_path / "run", gpus_per_node=8, nnodes=2, node_rank=1,
+                                master_addr="10.0.0.1")
+    assert nodes[:6] == ["torchrun", "--nproc_per_node=8", "--nnodes=2", "--node_rank=1",
+                         "--master_addr=10.0.0.1", "--master_port=29500"]
+    assert nodes[nodes.index("--distributed-world-size") + 1] == "16"
+    with pytest.raises(ValueError, match="master-addr"):
+        train.build_command(cfg, data, tmp_path / "run", gpus_per_node=8, nnodes=2)
+
+
+def test_config_trains_averages_and_scores_with_sacrebleu(multi30k_bin, tmp_path):
+    cfg_path = tmp_path / "tiny.yaml"
+    cfg_path.write_text(yaml.dump({
+        "paper": "bpt", "table": "bpt-table7", "row": "Transformer (our implementation)",
+        "reported": {"sacrebleu": 27.2}, "data": "multi30k-en-de", "arch": "transformer",
+        "task": {"task": "translation"}, "model": TINY_MODEL,
+        "train": {"optimizer": "adam", "lr": 0.005, "lr-scheduler": "inverse_sqrt", "warmup-updates": 5,
+                  "criterion": "label_smoothed_cross_entropy", "label-smoothing": 0.1,
+                  "max-tokens": 1500, "max-epoch": 3, "num-workers": 0, "seed": 1},
+        "gpus": 1, "average_last": 2, "generate": {"beam": 2, "batch-size": 32, "max-len-b": 10}}))
+    runs = tmp_path / "runs"
+    save_dir = train.main([str(cfg_path), "--data", str(multi30k_bin), "--runs-dir", str(runs),
+                           "--world-size", "0", "--", "--no-progress-bar"])
+    assert sorted(p.name for p in save_dir.glob("checkpoint[0-9]*.pt")) == \
+        ["checkpoint1.pt", "checkpoint2.pt", "checkpoint3.pt"]
+    result = evaluate.main([str(cfg_path), "--data", str(multi30k_bin), "--runs-dir", str(runs),
+                            "--results-dir", str(tmp_path / "results")])
+    assert result["checkpoint"].endswith("checkpoint_avg2.pt") and result["sentences"] == 20
+    assert 0.0 <= result["sacrebleu"] <= 100.0 and result["sacrebleu_signature"].startswith("nrefs:1|case:mixed")
+    assert "tok:none" in result["tokenized_signature"]
+    saved = json.loads((tmp_path / "results" / "tiny.json").read_text())
+    assert saved["sacrebleu"] == result["sacrebleu"]
+    work = tmp_path / "results" / "tiny"
+    hyp_detok = (work / "test.hyp.detok.de").read_text(encoding="utf-8").splitlines()
+    assert len(hyp_detok) == 20 and not any("@@" in h for h in hyp_detok)
+
+
+def test_generate_output_ids_must_cover_the_references(multi30k_bin, tmp_path):
+    partial = "S-0\tx\nH-0\t-1.0\tein Hund\nD-0\t-1.0\tein Hund\n"
+    with pytest.raises(ValueError, match="1 hypotheses for 20 references"):
+        evaluate.score(partial, multi30k_bin, "test", tmp_path)
+
+
+def test_demo_reduced_mode_writes_table_and_plot(tmp_path):
+    rows = demo.main(["--minutes", "0.3", "--archs", "transformer", "--train-sentences", "300",
+                      "--test-sentences", "20", "--out", str(tmp_path), "--raw-dir", str(MULTI30K),
+                      "--log-interval", "2"])
+    assert [r["arch"] for r in rows] == ["transformer"]
+    assert rows[0]["params"] > 0 and rows[0]["updates"] >= 1 and rows[0]["words_per_second"] > 0
+    table = (tmp_path / "demo.md").read_text()
+    assert "| Transformer | `transformer` |" in table and "sacrebleu signature" in table
+    assert (tmp_path / "demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((tmp_path / "demo.json").read_text())[0]["sacrebleu"] == rows[0]["sacrebleu"]
+
+
+def test_parse_train_log_requires_params_and_progress():
+    head = "2026-01-01 | INFO | fairseq_cli.train | num. shared model params: 12,345 (num. trained: 12,345)\n"
+    inner = ("| INFO | train_inner | epoch 001:      2 / 5 loss=9.1, wps=100, ups=1, num_updates=2\n"
+             "| INFO | train_inner | epoch 001:      4 / 5 loss=9.0, wps=300, ups=1, num_updates=4\n")
+    valid = "| INFO | valid | epoch 001 | valid on 'valid' subset | loss 9 | wps 5000.0 | wpb 4 | num_updates 5\n"
+    summary = "| INFO | train | epoch 001 | loss 9.0 | wps 250.0 | ups 2 | num_updates 5 | wall 3\n"
+    assert demo.parse_train_log(head + inner + valid + summary) == \
+        {"params": 12345, "updates": 5, "words_per_second": 200.0}
+    assert demo.parse_train_log(head + valid + summary) == \
+        {"params": 12345, "updates": 5, "words_per_second": 250.0}
+    with pytest.raises(ValueError, match="num. model params"):
+        demo.parse_train_log("epoch 001 | wps 1 | num_updates 1")
