@@ -95,6 +95,20 @@ def test_fusion_shapes_both_ways(method):
         build_fusion("gated", slow_dim, fast_dim, 4, 0.0, True)
 
 
+def test_cga_narrow_context_path_equals_the_direct_one():
+    torch.manual_seed(0)
+    cga = build_fusion("cga", 24, 8, 2, 0.0, to_slow=True).double()
+    for p in cga.parameters():
+        p.data.normal_()
+    xs, xf = torch.randn(5, 2, 24, dtype=torch.float64), torch.randn(13, 2, 8, dtype=torch.float64)
+    pad = torch.zeros(2, 13, dtype=torch.bool)
+    pad[1, -4:] = True
+    fast = cga(xs, xf, pad)
+    assert torch.allclose(fast, cga(xs, xf, pad, reference=True))
+    xf[-4:, 1] = 1e3  # padding is ignored on both paths
+    assert torch.allclose(cga(xs, xf, pad), fast)
+
+
 def test_downsampling_is_the_mean_of_each_subwords_characters():
     fast = torch.arange(12.0).view(1, 6, 2)
     subword_ids = torch.tensor([[0, 0, 2, 2, 2, -1]])

@@ -8,7 +8,8 @@ padding) says which subword each fast unit comes from; the attention-based modul
 ignore it.
 
 * ``cga``: cross-granularity attention (Eq. 2): q = x Wq, k, v = LN(context) Wk / Wv
-  with Wk, Wv in R^{Cc x Cq}; no output projection.
+  with Wk, Wv in R^{Cc x Cq}; no output projection. When the context is narrower than
+  a head the projections are applied on the query side instead (same result, cheaper).
 * ``linear-attention``: LN(context) projected to Cq by a linear map, then fairseq's
   standard multi-head cross-attention.
 * ``downsample-sum`` / ``downsample-concat``: the slow side receives the mean of its
@@ -35,20 +36,39 @@ class CrossGranularityAttention(nn.Module):
         self.num_heads, self.head_dim, self.dropout = num_heads, embed_dim // num_heads, dropout
         self.context_layer_norm = LayerNorm(context_dim)
         self.q_proj = nn.Linear(embed_dim, embed_dim)
-        self.k_proj = nn.Linear(context_dim, embed_dim)
+        self.k_proj = nn.Linear(context_dim, embed_dim, bias=False)  # a key bias cannot change a softmax over keys
         self.v_proj = nn.Linear(context_dim, embed_dim)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         return x.reshape(x.size(0), x.size(1), self.num_heads, self.head_dim).permute(1, 2, 0, 3)
 
-    def forward(self, x, context, context_padding_mask: Optional[torch.Tensor], subword_ids=None):
+    def forward(self, x, context, context_padding_mask: Optional[torch.Tensor], subword_ids=None, reference=False):
         c = self.context_layer_norm(context)
-        q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(c)), self._heads(self.v_proj(c))
         mask = None
         if context_padding_mask is not None:
             mask = ~context_padding_mask.view(context_padding_mask.size(0), 1, 1, -1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0)
+        dropout = self.dropout if self.training else 0.0
+        q = self._heads(self.q_proj(x))
+        if reference or c.size(2) >= self.head_dim:
+            k, v = self._heads(self.k_proj(c)), self._heads(self.v_proj(c))
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+        else:
+            out = self._attend_in_context_width(q, c, mask, dropout)
         return out.permute(2, 0, 1, 3).reshape(x.shape)
+
+    def _attend_in_context_width(self, q, c, mask, dropout):
+        """The same attention when the context is narrower than a head (the slow branch
+        reading the 32-wide fast one): q . (c Wk) = (q Wk) . c and
+        softmax(.) (c Wv + bv) = (softmax(.) c) Wv + bv, so the head-wide projections run
+        over the Ls queries instead of the ~5x longer character sequence."""
+        wk = self.k_proj.weight.view(self.num_heads, self.head_dim, -1)  # H x d x Cc
+        wv = self.v_proj.weight.view(self.num_heads, self.head_dim, -1)
+        q_c = torch.matmul(q, wk)  # B x H x Lq x Cc
+        c_heads = c.transpose(0, 1).unsqueeze(1).expand(-1, self.num_heads, -1, -1)
+        pooled = F.scaled_dot_product_attention(
+            q_c, c_heads, c_heads, attn_mask=mask, dropout_p=dropout, scale=self.head_dim ** -0.5
+        )  # B x H x Lq x Cc
+        return torch.matmul(pooled, wv.transpose(1, 2)) + self.v_proj.bias.view(1, self.num_heads, 1, -1)
 
 
 class LinearProjectedCrossAttention(nn.Module):
