@@ -23,6 +23,7 @@ The CUDA backend lives in ``graph_attention_cuda`` (imported lazily) and registe
 ``"cuda"``; it reads the int32 CSR and the transposed CSR cached on the graph.
 """
 
+import importlib
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Optional, Tuple
 
@@ -131,10 +132,11 @@ def _load_optional_backends() -> None:
     global _CUDA_IMPORT_TRIED
     if not _CUDA_IMPORT_TRIED:
         _CUDA_IMPORT_TRIED = True
-        try:
-            from fairseq_plugins.modules import graph_attention_cuda  # noqa: F401  (registers)
-        except ImportError:
-            pass
+        for name in ("graph_attention_cuda", "graph_attention_flex"):  # each registers itself
+            try:
+                importlib.import_module(f"fairseq_plugins.modules.{name}")
+            except ImportError:
+                pass
 
 
 def graph_attention(
@@ -321,7 +323,8 @@ def _windows(level_kv: torch.Tensor, band: _LevelBand, plan: _BlockPlan) -> torc
     pad_right = max(needed - band.left - size, 0)
     padded = F.pad(level_kv, (0, 0, band.left, pad_right))
     if band.per_block > 1:
-        return padded.unfold(2, band.width, band.per_block).transpose(-1, -2)
+        # materialised: batched matmuls over overlapping strided views fall back to slow loops
+        return padded.unfold(2, band.width, band.per_block).transpose(-1, -2).contiguous()
     starts = (torch.arange(plan.num_blocks, device=level_kv.device) * plan.block) >> band.level
     return padded.unfold(2, band.width, 1).transpose(-1, -2)[:, :, starts]
 
@@ -339,26 +342,27 @@ def tree_block_attention(query, key, value, graph, rel_key=None, key_padding_mas
     plan_type = graph._cache.setdefault(("plan_type", block, str(query.device)),
                                         plan.edge_type.to(query.device))
     padded_tokens = plan.num_blocks * block
-    out = query.new_zeros(bsz, heads, num_nodes, dim)
     present = (~key_padding_mask if key_padding_mask is not None
                else torch.ones(bsz, num_nodes, dtype=torch.bool, device=query.device))
+    # split once: per-level slices of the full tensors would each cost a full-size gradient
+    q_levels, k_levels, v_levels = (x.split(sizes, dim=2) for x in (query, key, value))
+    present_levels = present.split(sizes, dim=1)
 
     # token queries: one dense score block per (query block, level)
-    q_tok = F.pad(query[:, :, :n], (0, 0, 0, padded_tokens - n))
-    q_blocks = q_tok.view(bsz, heads, plan.num_blocks, block, dim)
+    q_blocks = F.pad(q_levels[0], (0, 0, 0, padded_tokens - n)).view(
+        bsz, heads, plan.num_blocks, block, dim)
     scores, present_cols, value_windows = [], [], []
     for band in plan.bands:
-        level = slice(offsets[band.level], offsets[band.level] + sizes[band.level])
-        k_win = _windows(key[:, :, level], band, plan)
-        value_windows.append(_windows(value[:, :, level], band, plan))
-        scores.append(q_blocks @ k_win.transpose(-1, -2))
-        level_present = present[:, level].unsqueeze(1).unsqueeze(-1).to(query.dtype)
+        j = band.level
+        scores.append(q_blocks @ _windows(k_levels[j], band, plan).transpose(-1, -2))
+        value_windows.append(_windows(v_levels[j], band, plan))
+        level_present = present_levels[j][:, None, :, None].to(query.dtype)
         present_cols.append(_windows(level_present, band, plan)[:, 0, :, :, 0] > 0)
     scores = torch.cat(scores, -1)  # [B, H, blocks, block, W]
-    edge_type = plan_type.clamp_min(0)
     if rel_key is not None:
-        q_rel = (q_blocks @ rel_key.transpose(0, 1))  # [B, H, blocks, block, T]
-        scores = scores + torch.gather(q_rel, -1, edge_type.expand(bsz, heads, -1, -1, -1))
+        q_rel = q_blocks @ rel_key.transpose(0, 1)  # [B, H, blocks, block, T]
+        edge_type = plan_type.clamp_min(0).expand(bsz, heads, -1, -1, -1)
+        scores = scores + torch.gather(q_rel, -1, edge_type)
     valid = (plan_type >= 0) & torch.cat(present_cols, -1).unsqueeze(2)  # [B, blocks, block, W]
     probs = _masked_softmax(scores * scale, valid.unsqueeze(1), -1)
     probs = F.dropout(probs, p=dropout_p, training=dropout_p > 0)
@@ -366,31 +370,33 @@ def tree_block_attention(query, key, value, graph, rel_key=None, key_padding_mas
     for band, v_win in zip(plan.bands, value_windows):
         token_out = token_out + probs[..., col:col + band.width] @ v_win
         col += band.width
-    out[:, :, :n] = token_out.reshape(bsz, heads, padded_tokens, dim)[:, :, :n]
+    outputs = [token_out.reshape(bsz, heads, padded_tokens, dim)[:, :, :n]]
 
-    # span queries: level j node m attends to its 2^j tokens (a reshaped view), maybe itself
+    # span queries: level j node m attends to its 2^j tokens, read as a reshaped view of the
+    # tokens padded once to 2^L; the (few) span queries are padded to match instead
+    tokens_pow2 = 1 << (len(sizes) - 1)
+    k_tok = F.pad(k_levels[0], (0, 0, 0, tokens_pow2 - n))
+    v_tok = F.pad(v_levels[0], (0, 0, 0, tokens_pow2 - n))
+    tok_present = F.pad(present_levels[0], (0, tokens_pow2 - n))
     for j in range(1, len(sizes)):
-        size, span = sizes[j], 1 << j
-        nodes = slice(offsets[j], offsets[j] + size)
-        pad = size * span - n
-        k_tok = F.pad(key[:, :, :n], (0, 0, 0, pad)).view(bsz, heads, size, span, dim)
-        v_tok = F.pad(value[:, :, :n], (0, 0, 0, pad)).view(bsz, heads, size, span, dim)
-        tok_present = F.pad(present[:, :n], (0, pad)).view(bsz, 1, size, span)
-        q_span = query[:, :, nodes]
-        s = (q_span.unsqueeze(-2) @ k_tok.transpose(-1, -2)).squeeze(-2)  # [B, H, size, span]
+        size, span, rows = sizes[j], 1 << j, tokens_pow2 >> j
+        q_span = F.pad(q_levels[j], (0, 0, 0, rows - size))
+        k_view = k_tok.view(bsz, heads, rows, span, dim)
+        s = (q_span.unsqueeze(-2) @ k_view.transpose(-1, -2)).squeeze(-2)  # [B, H, rows, span]
         if rel_key is not None:
             s = s + (q_span @ rel_key[tree.ancestor_types[j]]).unsqueeze(-1)
-        valid_span = tok_present
+        valid_span = tok_present.view(bsz, 1, rows, span)
         if tree.span_self_loop:
-            self_key = key[:, :, nodes]
+            self_key = F.pad(k_levels[j], (0, 0, 0, rows - size))
             if rel_key is not None:
                 self_key = self_key + rel_key[tree.self_type]
             s = torch.cat([s, (q_span * self_key).sum(-1, keepdim=True)], -1)
-            valid_span = torch.cat([valid_span, present[:, nodes].view(bsz, 1, size, 1)], -1)
+            self_present = F.pad(present_levels[j], (0, rows - size)).view(bsz, 1, rows, 1)
+            valid_span = torch.cat([valid_span, self_present], -1)
         p = _masked_softmax(s * scale, valid_span, -1)
         p = F.dropout(p, p=dropout_p, training=dropout_p > 0)
-        span_out = (p[..., :span].unsqueeze(-2) @ v_tok).squeeze(-2)
+        span_out = (p[..., :span].unsqueeze(-2) @ v_tok.view(bsz, heads, rows, span, dim)).squeeze(-2)
         if tree.span_self_loop:
-            span_out = span_out + p[..., span:] * value[:, :, nodes]
-        out[:, :, nodes] = span_out
-    return out
+            span_out = span_out + p[..., span:] * F.pad(v_levels[j], (0, 0, 0, rows - size))
+        outputs.append(span_out[:, :, :size])
+    return torch.cat(outputs, 2)

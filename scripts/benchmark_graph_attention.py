@@ -1,0 +1,166 @@
+"""Benchmark BPT graph attention (PyTorch backend) against dense attention on CPU.
+
+For each length n (8192 tokens per batch, 8 heads, head dim 64) and each k, times forward +
+backward of (a) the attention op alone and (b) one full encoder layer (d 512, FFN 2048), with
+the BPT graph over ~2n nodes against torch's fused ``scaled_dot_product_attention`` over the n
+tokens, measured in the same run. Peak memory is the growth of the process's peak RSS during
+the measured step, each configuration in a fresh subprocess. Prints ratios (dense / BPT: above
+1 means BPT is faster or smaller) and time(2n) / time(n), and writes a markdown table and a PNG.
+
+    python scripts/benchmark_graph_attention.py                       # full: n 256..8192
+    python scripts/benchmark_graph_attention.py --lengths 256 1024 2048 --ks 1 4 --repeats 1
+"""
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def worker(kind: str, n: int, k: int, tokens: int, repeats: int, threads: int) -> dict:
+    """One configuration: returns seconds per forward+backward and peak memory growth (MB)."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    sys.path.insert(0, str(REPO))
+    from fairseq_plugins.graphs.binary_partition import bpt_graph
+    from fairseq_plugins.modules.graph_self_attention import GraphSelfAttention
+    from fairseq_plugins.modules.graph_attention import graph_attention
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    bsz, heads, dim, model_dim = max(tokens // n, 1), 8, 64, 512
+    dense = k == 0
+    graph = None if dense else bpt_graph(n, k)
+    nodes = n if dense else graph.num_nodes
+
+    if kind == "op":
+        qkv = [torch.randn(bsz, heads, nodes, dim, requires_grad=True) for _ in range(3)]
+        rel = None if dense else torch.randn(graph.num_edge_types, dim, requires_grad=True)
+
+        def step():
+            q, key, v = qkv
+            out = (F.scaled_dot_product_attention(q, key, v) if dense
+                   else graph_attention(q, key, v, graph, rel, backend="torch"))
+            out.sum().backward()
+    else:
+        class Layer(nn.Module):
+            """Post-norm transformer encoder layer; attention dense or over the graph."""
+
+            def __init__(self):
+                super().__init__()
+                self.attn = GraphSelfAttention(model_dim, heads, 1 if dense else graph.num_edge_types)
+                self.norm1, self.norm2 = nn.LayerNorm(model_dim), nn.LayerNorm(model_dim)
+                self.ffn = nn.Sequential(nn.Linear(model_dim, 2048), nn.ReLU(),
+                                         nn.Linear(2048, model_dim))
+
+            def forward(self, x):
+                if dense:
+                    a = self.attn
+                    q, key, v = (a._heads(p(x)) for p in (a.q_proj, a.k_proj, a.v_proj))
+                    h = F.scaled_dot_product_attention(q, key, v).permute(2, 0, 1, 3)
+                    h = a.out_proj(h.reshape(x.shape))
+                else:
+                    with self.attn.attending(graph):
+                        h, _ = self.attn(x)
+                x = self.norm1(x + h)
+                return self.norm2(x + self.ffn(x))
+
+        layer = Layer()
+        x = torch.randn(nodes, bsz, model_dim, requires_grad=True)
+
+        def step():
+            layer(x).sum().backward()
+
+    step()  # warm-up (also builds the block plan once)
+    base = peak_rss_mb()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        step()
+    seconds = (time.perf_counter() - start) / repeats
+    return {"kind": kind, "n": n, "k": k, "seconds": seconds, "peak_mb": peak_rss_mb() - base}
+
+
+def run_config(kind, n, k, args) -> dict:
+    cmd = [sys.executable, __file__, "--worker", kind, str(n), str(k), "--tokens", str(args.tokens),
+           "--repeats", str(args.repeats), "--threads", str(args.threads)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096, 8192])
+    parser.add_argument("--ks", type=int, nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument("--tokens", type=int, default=8192, help="tokens per batch")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "graph_attention")
+    parser.add_argument("--worker", nargs=3, metavar=("KIND", "N", "K"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        kind, n, k = args.worker
+        print(json.dumps(worker(kind, int(n), int(k), args.tokens, args.repeats, args.threads)))
+        return
+    if any(k < 1 for k in args.ks) or any(n < 1 for n in args.lengths):
+        parser.error("lengths and ks must be positive")
+
+    results = {}
+    configs = [(kind, n, k) for kind in ("op", "layer") for n in args.lengths for k in [0] + args.ks]
+    for i, (kind, n, k) in enumerate(configs, 1):
+        label = "dense" if k == 0 else f"bpt k={k}"
+        print(f"[{i}/{len(configs)}] {kind} n={n} {label} ...", end=" ", flush=True)
+        r = run_config(kind, n, k, args)
+        results[kind, n, k] = r
+        print(f"{r['seconds']:.3f} s, +{r['peak_mb']:.0f} MB", flush=True)
+
+    lines = ["| part | n | k | BPT s | dense s | speed (dense/BPT) | memory (dense/BPT) | BPT time(n)/time(n/2) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for kind in ("op", "layer"):
+        for k in args.ks:
+            for n in args.lengths:
+                r, d = results[kind, n, k], results[kind, n, 0]
+                prev = results.get((kind, n // 2, k))
+                growth = f"{r['seconds'] / prev['seconds']:.2f}" if prev else "-"
+                lines.append(f"| {kind} | {n} | {k} | {r['seconds']:.3f} | {d['seconds']:.3f} | "
+                             f"{d['seconds'] / r['seconds']:.2f}x | "
+                             f"{max(d['peak_mb'], 1) / max(r['peak_mb'], 1):.2f}x | {growth} |")
+    table = "\n".join(lines)
+    print(table)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".md").write_text(
+        f"Forward+backward, {args.tokens} tokens per batch, 8 heads x 64, {args.threads} threads, "
+        f"PyTorch backend vs F.scaled_dot_product_attention.\n\n{table}\n")
+    plot(results, args)
+
+
+def plot(results, args):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, kind in zip(axes, ("op", "layer")):
+        for k in [0] + args.ks:
+            ax.plot(args.lengths, [results[kind, n, k]["seconds"] for n in args.lengths], marker="o",
+                    label="dense (SDPA)" if k == 0 else f"BPT k={k}")
+        ax.set(xscale="log", yscale="log", xlabel="sequence length n", ylabel="seconds (fwd+bwd)",
+               title=f"{'attention op' if kind == 'op' else 'encoder layer'}, {args.tokens} tokens/batch")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(args.out.with_suffix(".png"), dpi=100)
+    print(f"wrote {args.out.with_suffix('.md')} and {args.out.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()
