@@ -4,7 +4,7 @@ For each length n (8192 tokens per batch, 8 heads, head dim 64) and each k, time
 backward of (a) the attention op alone and (b) one full encoder layer (d 512, FFN 2048), with
 the BPT graph over ~2n nodes against torch's fused ``scaled_dot_product_attention`` over the n
 tokens, measured in the same run. Peak memory is the growth of the process's peak RSS during
-the measured step, each configuration in a fresh subprocess. Prints ratios (dense / BPT: above
+a forward+backward step (inputs already allocated), each configuration in a fresh subprocess. Prints ratios (dense / BPT: above
 1 means BPT is faster or smaller) and time(2n) / time(n), and writes a markdown table and a PNG.
 
     python scripts/benchmark_graph_attention.py                       # full: n 256..8192
@@ -82,8 +82,8 @@ def worker(kind: str, n: int, k: int, tokens: int, repeats: int, threads: int) -
         def step():
             layer(x).sum().backward()
 
+    base = peak_rss_mb()  # inputs allocated; the first (warm-up) step reaches the peak
     step()  # warm-up (also builds the block plan once)
-    base = peak_rss_mb()
     start = time.perf_counter()
     for _ in range(repeats):
         step()
