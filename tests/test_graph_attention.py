@@ -5,7 +5,7 @@ import torch
 
 from fairseq_plugins.graphs.binary_partition import bpt_graph, node_present, segtree_graph
 from fairseq_plugins.modules.graph_attention import (
-    AttentionGraph, csr_attention, graph_attention, tree_block_attention,
+    AttentionGraph, csr_attention, dense_graph_attention, graph_attention, tree_block_attention,
 )
 
 
@@ -61,6 +61,10 @@ def blocked(q, k, v, graph, rel, mask, scale):
     return tree_block_attention(q, k, v, graph, rel, mask, 0.0, scale, block=8)
 
 
+def dense(q, k, v, graph, rel, mask, scale):
+    return dense_graph_attention(q, k, v, graph, rel, mask, 0.0, scale)
+
+
 def op(q, k, v, graph, rel, mask, scale):
     return graph_attention(q, k, v, graph, rel, mask, scale=scale)
 
@@ -74,7 +78,7 @@ GRAPHS = {
 }
 
 
-@pytest.mark.parametrize("path", [generic, blocked, op], ids=["csr", "block", "op"])
+@pytest.mark.parametrize("path", [generic, blocked, dense, op], ids=["csr", "block", "dense", "op"])
 @pytest.mark.parametrize("name", sorted(GRAPHS))
 @pytest.mark.parametrize("n", [1, 7, 37])
 def test_equals_dense_reference(path, name, n):

@@ -188,7 +188,13 @@ def _check_inputs(query, key, value, graph, rel_key, key_padding_mask):
         raise ValueError("key_padding_mask must be a bool [B, N] tensor")
 
 
+DENSE_MAX_NODES = 512  # measured crossover on CPU, see docs/bpt.md
+
+
 def _torch_backend(query, key, value, graph, rel_key, key_padding_mask, dropout_p, scale):
+    if graph.num_nodes <= DENSE_MAX_NODES:
+        return dense_graph_attention(query, key, value, graph, rel_key, key_padding_mask,
+                                     dropout_p, scale)
     if graph.tree is not None:
         return tree_block_attention(query, key, value, graph, rel_key, key_padding_mask,
                                     dropout_p, scale)
@@ -207,6 +213,46 @@ def _masked_softmax(scores: torch.Tensor, valid: torch.Tensor, dim: int) -> torc
     row_max = row_max.masked_fill(torch.isinf(row_max), 0.0)
     exp = torch.exp(scores - row_max)
     return exp / exp.sum(dim, keepdim=True).clamp_min(torch.finfo(exp.dtype).tiny)
+
+
+def _dense_layout(graph: AttentionGraph, device, dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+    """([N, N] additive mask, 0 on edges and -inf elsewhere; [N, N] edge type, 0 off the graph)."""
+    key = ("dense", str(device), dtype)
+    if key not in graph._cache:
+        n = graph.num_nodes
+        mask = torch.full((n, n), float("-inf"), dtype=dtype)
+        mask[graph.rows(), graph.indices] = 0.0
+        types = torch.zeros(n, n, dtype=torch.int64)
+        types[graph.rows(), graph.indices] = graph.edge_type
+        graph._cache[key] = (mask.to(device), types.to(device))
+    return graph._cache[key]
+
+
+def dense_graph_attention(query, key, value, graph, rel_key=None, key_padding_mask=None,
+                          dropout_p=0.0, scale=None) -> torch.Tensor:
+    """Small graphs: all [N, N] scores with -inf off the graph, through one fused SDPA call.
+
+    Wasteful in FLOPs but a handful of large kernels, which beats the structured paths' many
+    small ones for the short sentences of MT. The relative term q . rel_key[type] is computed as
+    q @ rel_key.T ([B, H, N, T], small) gathered by the cached [N, N] type index.
+    """
+    bsz, heads, num_nodes, dim = query.shape
+    if scale is None:
+        scale = dim ** -0.5
+    mask, types = _dense_layout(graph, query.device, query.dtype)
+    mask = mask.expand(bsz, 1, num_nodes, num_nodes)
+    if key_padding_mask is not None:
+        mask = mask.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+    # rows with no present key: attend anywhere (finite), then zero the output below
+    has_key = torch.isfinite(mask).any(-1, keepdim=True)  # [B, 1, N, 1]
+    mask = mask.masked_fill(~has_key, 0.0)
+    if rel_key is not None:
+        q_rel = query @ rel_key.transpose(0, 1)  # [B, H, N, T]
+        bias = torch.gather(q_rel, -1, types.expand(bsz, heads, num_nodes, num_nodes))
+        mask = mask + bias * scale
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask,
+                                         dropout_p=dropout_p if dropout_p > 0 else 0.0, scale=scale)
+    return out * has_key.to(out.dtype)
 
 
 def csr_attention(query, key, value, indptr, indices, edge_type, rel_key=None,
@@ -366,10 +412,12 @@ def tree_block_attention(query, key, value, graph, rel_key=None, key_padding_mas
     valid = (plan_type >= 0) & torch.cat(present_cols, -1).unsqueeze(2)  # [B, blocks, block, W]
     probs = _masked_softmax(scores * scale, valid.unsqueeze(1), -1)
     probs = F.dropout(probs, p=dropout_p, training=dropout_p > 0)
-    token_out, col = 0, 0
-    for band, v_win in zip(plan.bands, value_windows):
-        token_out = token_out + probs[..., col:col + band.width] @ v_win
-        col += band.width
+    # split, not slices: each slice's backward would allocate a full-size zero gradient;
+    # contiguous: a column slice makes the backward's transposed GEMM take a slow loop
+    token_out = 0
+    level_probs = probs.split([band.width for band in plan.bands], -1)
+    for p_level, v_win in zip(level_probs, value_windows):
+        token_out = token_out + p_level.contiguous() @ v_win
     outputs = [token_out.reshape(bsz, heads, padded_tokens, dim)[:, :, :n]]
 
     # span queries: level j node m attends to its 2^j tokens, read as a reshaped view of the
