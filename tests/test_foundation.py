@@ -141,3 +141,17 @@ def test_user_dir_imports_the_plugin_package():
         "import sys; assert 'fairseq_plugins.models' in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path("/"))
+
+
+def test_every_model_registers_even_when_the_package_was_imported_first():
+    """fairseq skips an already-imported --user-dir; importing one model must register all."""
+    code = (
+        "import fairseq_plugins.models.ms_transformer;"
+        "from argparse import Namespace; from fairseq import utils;"
+        f"utils.import_user_module(Namespace(user_dir={str(USER_DIR)!r}));"
+        "import fairseq_plugins.tasks;"
+        "from fairseq.models import ARCH_MODEL_REGISTRY as archs; from fairseq.tasks import TASK_REGISTRY as tasks;"
+        "missing = {'bpt_transformer', 'segtree_transformer', 'transformer_slowfast', 'ms_transformer', 'bpt_document'} - set(archs);"
+        "assert not missing, missing; assert 'document_translation' in tasks"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path("/"))
