@@ -85,8 +85,9 @@ def load_config(path) -> Dict[str, Any]:
 
 
 def all_configs() -> List[Dict[str, Any]]:
+    """Every table-row config: all of configs/ but tables.yaml and the demo's configs (demo*.yaml)."""
     return [load_config(p) for p in sorted(CONFIG_DIR.rglob("*.yaml"))
-            if p.name not in ("tables.yaml", "demo.yaml")]
+            if p.name != "tables.yaml" and not p.name.startswith("demo")]
 
 
 def to_flags(options: Optional[Dict[str, Any]]) -> List[str]:
