@@ -48,11 +48,14 @@ def worker(kind: str, n: int, k: int, tokens: int, repeats: int, threads: int) -
         qkv = [torch.randn(bsz, heads, nodes, dim, requires_grad=True) for _ in range(3)]
         rel = None if dense else torch.randn(graph.num_edge_types, dim, requires_grad=True)
 
+        # a dense output gradient, as in a model (out.sum() would give a stride-0 one)
+        grad_out = torch.randn(bsz, heads, nodes, dim)
+
         def step():
             q, key, v = qkv
             out = (F.scaled_dot_product_attention(q, key, v) if dense
                    else graph_attention(q, key, v, graph, rel, backend="torch"))
-            out.sum().backward()
+            out.backward(grad_out)
     else:
         class Layer(nn.Module):
             """Post-norm transformer encoder layer; attention dense or over the graph."""
@@ -79,8 +82,10 @@ def worker(kind: str, n: int, k: int, tokens: int, repeats: int, threads: int) -
         layer = Layer()
         x = torch.randn(nodes, bsz, model_dim, requires_grad=True)
 
+        grad_out = torch.randn(nodes, bsz, model_dim)
+
         def step():
-            layer(x).sum().backward()
+            layer(x).backward(grad_out)
 
     base = peak_rss_mb()  # inputs allocated; the first (warm-up) step reaches the peak
     step()  # warm-up (also builds the block plan once)

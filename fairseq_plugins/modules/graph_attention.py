@@ -7,9 +7,12 @@ One op, ``graph_attention``, computes for every query node u
 where ``in(u)`` is row u of a CSR adjacency (``AttentionGraph``). The graph is shared by all
 sentences of a batch; sentences differ only through ``key_padding_mask``.
 
-Backends are looked up by name (``register_backend``). The built-in ``"torch"`` backend has two
+Backends are looked up by name (``register_backend``). The built-in ``"torch"`` backend has three
 exact implementations:
 
+* ``dense_graph_attention``: graphs of at most ``DENSE_MAX_NODES`` nodes (the sentences of MT);
+  the full [N, N] score matrix with -inf off the graph, one fused SDPA call. O(N^2), but a few
+  large kernels beat the other paths' many small ones at this size.
 * ``csr_attention``: any graph; gathers one key/value per edge and does a segment softmax with
   scatter ops. Memory is linear in the number of edges (times the head dim).
 * ``tree_block_attention``: graphs built over a binary-partition tree (``graph.tree`` is set,
