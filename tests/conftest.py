@@ -2,6 +2,10 @@
 
 import pytest
 
+# In-process tests call fairseq's parsers with --user-dir, which fairseq skips once any
+# fairseq_plugins module is imported (as most tests do): register everything up front.
+import fairseq_plugins.models  # noqa: F401
+import fairseq_plugins.tasks  # noqa: F401
 from tests.cli import tiny_translation_data
 
 
