@@ -37,6 +37,11 @@ TRAIN_SHARE = 0.8
 MIN_TRAIN_SECONDS = 5.0
 
 
+def run_name(entry: dict) -> str:
+    """A run folder per table row: rows may share an arch (e.g. an ablation of one model)."""
+    return re.sub(r"[^A-Za-z0-9]+", "_", entry["name"]).strip("_").lower()
+
+
 def load_demo_config(path: Path) -> dict:
     cfg = yaml.safe_load(path.read_text(encoding="utf-8"))
     for key in ("bpe_merges", "model", "train", "generate", "architectures"):
@@ -183,7 +188,7 @@ def main(argv=None) -> List[dict]:
               f"{(time.time() - start) / 60:.1f} of {args.minutes:g} min used", flush=True)
         share = (deadline - time.time()) / (len(entries) - i + 1)
         train_seconds = max(MIN_TRAIN_SECONDS, share - overhead if overhead else TRAIN_SHARE * share)
-        run = args.out / "runs" / entry["arch"]
+        run = args.out / "runs" / run_name(entry)
         t_arch = time.time()
         stats = train_one(entry, cfg, data, run, train_seconds, args.gpu, args.log_interval)
         print("  translating the test set", flush=True)
