@@ -79,16 +79,20 @@ def write_raw_corpus(raw_dir: Path, n_train: int = 200, n_eval: int = 40, max_le
     return raw_dir
 
 
-def tiny_translation_data(tmp_path: Path, n_train: int = 200, max_len: int = 20) -> Path:
-    """Binarized tiny En-De data (separate dictionaries) in tmp_path/data-bin."""
-    raw = write_raw_corpus(Path(tmp_path) / "raw", n_train=n_train, max_len=max_len)
-    dest = Path(tmp_path) / "data-bin"
+def binarize(raw_dir: Path, dest: Path) -> Path:
+    """fairseq-preprocess raw_dir/{train,valid,test}.{en,de} into dest (separate dictionaries)."""
     run_cli(
         "fairseq-preprocess", "--source-lang", "en", "--target-lang", "de",
-        "--trainpref", raw / "train", "--validpref", raw / "valid", "--testpref", raw / "test",
+        "--trainpref", raw_dir / "train", "--validpref", raw_dir / "valid", "--testpref", raw_dir / "test",
         "--destdir", dest, "--workers", "1",
     )  # fmt: skip
     return dest
+
+
+def tiny_translation_data(tmp_path: Path, n_train: int = 200, max_len: int = 20) -> Path:
+    """Binarized tiny En-De data (separate dictionaries) in tmp_path/data-bin."""
+    raw = write_raw_corpus(Path(tmp_path) / "raw", n_train=n_train, max_len=max_len)
+    return binarize(raw, Path(tmp_path) / "data-bin")
 
 
 def train(data_bin: Path, save_dir: Path, arch: str, extra_train_args: Sequence = (), max_update: int = 30):

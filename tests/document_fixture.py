@@ -3,19 +3,14 @@
 import shutil
 from pathlib import Path
 
-from tests.cli import run_cli
+from tests.cli import binarize
 
 FIXTURE = Path(__file__).parent / "fixtures" / "doc"
 
 
 def binarized_doc_fixture(tmp_path: Path) -> Path:
     """tmp_path/data-bin: fairseq-preprocess output of the fixture plus its {split}.docids."""
-    dest = Path(tmp_path) / "data-bin"
-    run_cli(
-        "fairseq-preprocess", "--source-lang", "en", "--target-lang", "de",
-        "--trainpref", FIXTURE / "train", "--validpref", FIXTURE / "valid", "--testpref", FIXTURE / "test",
-        "--destdir", dest, "--workers", "1",
-    )  # fmt: skip
+    dest = binarize(FIXTURE, Path(tmp_path) / "data-bin")
     for split in ("train", "valid", "test"):
         shutil.copy(FIXTURE / f"{split}.docids", dest / f"{split}.docids")
     return dest
