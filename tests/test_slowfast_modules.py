@@ -14,7 +14,10 @@ from fairseq_plugins.models.transformer_slowfast import (
     random_word_ids,
 )
 from fairseq_plugins.modules.boundary_relative_attention import (
+    AddToDiagonals,
     BoundaryRelativeSelfAttention,
+    band_relation_types,
+    boundary_band,
     boundary_relation_types,
 )
 from fairseq_plugins.modules.cross_granularity_fusion import (
@@ -23,6 +26,7 @@ from fairseq_plugins.modules.cross_granularity_fusion import (
     characters_to_subwords,
 )
 from fairseq_plugins.modules.word_graph_convolution import (
+    WordGraph,
     WordGraphConvolution,
     normalized_word_adjacency,
 )
@@ -39,9 +43,21 @@ def test_gcn_normalisation_is_symmetric_degree_normalised_word_cliques():
     assert adj[0, 6:].abs().sum() == 0 and adj[1, :, 0].abs().sum() == 0  # padding
     x = torch.randn(8, 2, 16, dtype=torch.float64)
     gcn = WordGraphConvolution(16).double()
-    assert torch.allclose(gcn(x, WORD_IDS), gcn(x, WORD_IDS, reference=True))
     expected = torch.relu(torch.einsum("bij,jbc->ibc", adj.double(), gcn.proj(x)))
-    assert torch.allclose(gcn(x, WORD_IDS), expected)
+    for dense in (True, False):  # dense adjacency and per-word mean
+        assert torch.allclose(gcn(x, WordGraph(WORD_IDS, dense=dense)), expected)
+
+
+def test_word_graph_paths_agree_in_gradients_and_choose_by_length():
+    x = torch.randn(2, 8, 4, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(2, 8, 4, dtype=torch.float64)
+    grads = []
+    for dense in (True, False):
+        (grad,) = torch.autograd.grad((WordGraph(WORD_IDS, dense=dense).propagate(x) * weight).sum(), x)
+        grads.append(grad)
+    assert torch.allclose(*grads)
+    assert WordGraph(WORD_IDS).adjacency is not None
+    assert WordGraph(torch.zeros(1, 300, dtype=torch.long)).adjacency is None  # long: per-word mean
 
 
 def test_boundary_relation_types_stay_inside_the_word_and_the_window():
@@ -58,21 +74,50 @@ def test_boundary_relation_types_stay_inside_the_word_and_the_window():
         boundary_relation_types(word_ids, window=-1)
 
 
+@pytest.mark.parametrize("window", [0, 1, 3])
+@pytest.mark.parametrize("restrict", [True, False])
+def test_band_holds_the_dense_relation_types(window, restrict):
+    band = boundary_band(WORD_IDS, window, restrict_to_word=restrict)
+    assert band.shape == (2, 8, 2 * window + 1)
+    assert torch.equal(band_relation_types(band), boundary_relation_types(WORD_IDS, window, restrict_to_word=restrict))
+    with pytest.raises(ValueError):
+        boundary_band(WORD_IDS, window=-1)
+
+
+def test_add_to_diagonals_gradients():
+    scores = torch.randn(3, 6, 6, dtype=torch.float64, requires_grad=True)
+    band = torch.randn(3, 6, 5, dtype=torch.float64, requires_grad=True)
+
+    def dense(s, b):
+        types = band_relation_types(torch.ones(3, 6, 5, dtype=torch.bool))  # 5 = no relation
+        return s + torch.cat([b, b.new_zeros(3, 6, 1)], 2).gather(2, types)
+
+    assert torch.allclose(AddToDiagonals.apply(scores.clone(), band), dense(scores, band))
+    assert torch.autograd.gradcheck(lambda s, b: AddToDiagonals.apply(s.clone(), b), (scores, band))
+
+
 def test_relative_attention_fast_path_equals_reference_and_ignores_padding():
     torch.manual_seed(0)
     attn = BoundaryRelativeSelfAttention(16, 4, window=2).double().eval()
-    x = torch.randn(8, 2, 16, dtype=torch.float64)
+    x = torch.randn(8, 2, 16, dtype=torch.float64, requires_grad=True)
     pad = WORD_IDS.lt(0)
-    types = boundary_relation_types(WORD_IDS, 2)
-    out = attn(x, pad, types)
-    assert torch.allclose(out, attn(x, pad, types, reference=True))
-    x2 = x.clone()
+    band = boundary_band(WORD_IDS, 2)
+    out = attn(x, pad, band)
+    reference = attn(x, pad, band, reference=True)
+    assert torch.allclose(out, reference)
+    weight = torch.randn_like(out)
+    params = [x, *attn.parameters()]
+    fast_grads = torch.autograd.grad((out * weight)[~pad.t()].sum(), params)
+    reference_grads = torch.autograd.grad((reference * weight)[~pad.t()].sum(), params)
+    for a, b in zip(fast_grads, reference_grads):
+        assert torch.allclose(a, b)
+    x2 = x.detach().clone()
     x2[6:, 0] = 100.0
-    assert torch.allclose(attn(x2, pad, types)[:6, 0], out[:6, 0])
+    assert torch.allclose(attn(x2, pad, band)[:6, 0], out[:6, 0])
     plain = BoundaryRelativeSelfAttention(16, 4, window=None)
     assert plain.relative_keys is None
-    with pytest.raises(ValueError, match="relation_types"):
-        plain(x.float(), pad, types)
+    with pytest.raises(ValueError, match="band"):
+        plain(x.float(), pad, band)
     with pytest.raises(ValueError, match="divisible"):
         BoundaryRelativeSelfAttention(16, 3)
 
@@ -100,11 +145,18 @@ def test_cga_narrow_context_path_equals_the_direct_one():
     cga = build_fusion("cga", 24, 8, 2, 0.0, to_slow=True).double()
     for p in cga.parameters():
         p.data.normal_()
-    xs, xf = torch.randn(5, 2, 24, dtype=torch.float64), torch.randn(13, 2, 8, dtype=torch.float64)
+    xs = torch.randn(5, 2, 24, dtype=torch.float64, requires_grad=True)
+    xf = torch.randn(13, 2, 8, dtype=torch.float64, requires_grad=True)
     pad = torch.zeros(2, 13, dtype=torch.bool)
     pad[1, -4:] = True
     fast = cga(xs, xf, pad)
-    assert torch.allclose(fast, cga(xs, xf, pad, reference=True))
+    direct = cga(xs, xf, pad, reference=True)
+    assert torch.allclose(fast, direct)
+    weight = torch.randn_like(fast)
+    params = [xs, xf, *cga.parameters()]
+    for a, b in zip(torch.autograd.grad((fast * weight).sum(), params), torch.autograd.grad((direct * weight).sum(), params)):
+        assert torch.allclose(a, b)
+    xf = xf.detach().clone()
     xf[-4:, 1] = 1e3  # padding is ignored on both paths
     assert torch.allclose(cga(xs, xf, pad), fast)
 

@@ -26,10 +26,11 @@ from fairseq.models.transformer.transformer_legacy import (
 )
 from fairseq.modules import FairseqDropout, LayerNorm, PositionalEmbedding
 
-from fairseq_plugins.modules.boundary_relative_attention import boundary_relation_types
+from fairseq_plugins.modules.boundary_relative_attention import boundary_band
 from fairseq_plugins.modules.cross_granularity_fusion import FUSION_METHODS, build_fusion
 from fairseq_plugins.modules.slowfast_encoder_layer import FastBranchEncoderLayer, SlowFastEncoderLayer
 from fairseq_plugins.modules.subword_characters import PAD_CHAR, SubwordCharacterTable
+from fairseq_plugins.modules.word_graph_convolution import WordGraph
 
 ENCODER_OUTPUTS = ("slow", "fast", "both")
 FAST_INPUTS = ("char", "subword")
@@ -199,22 +200,22 @@ class SlowFastEncoder(TransformerEncoderBase):
             fast = self.characters(src_tokens) if self.fast_input == "char" else self.characters.subword_input(src_tokens)
             subword_word_ids = fast.subword_word_ids
             fast_word_ids = random_word_ids(fast.word_ids) if self.fast_boundaries == "random" else fast.word_ids
-            relation_types = None
+            fast_graph = WordGraph(fast_word_ids) if self.fast_boundaries != "none" else None
+            band = None
             if self.boundary_pe_window is not None:
-                relation_types = boundary_relation_types(
-                    fast_word_ids, self.boundary_pe_window, restrict_to_word=self.fast_boundaries != "none"
-                )
+                band = boundary_band(fast_word_ids, self.boundary_pe_window, restrict_to_word=self.fast_boundaries != "none")
             xf = (self.forward_fast_embedding(fast.tokens) * ~fast.padding_mask.unsqueeze(-1)).transpose(0, 1)
             fast_mask = fast.padding_mask if fast.padding_mask.any() else None
         else:
             _, subword_word_ids = self.characters.subword_word_boundaries(src_tokens)
 
+        slow_graph = WordGraph(subword_word_ids)
         encoder_states = [xs] if return_all_hiddens else []
         for i, slow_layer in enumerate(self.layers):
-            xs = slow_layer.forward_graph_and_attention(xs, slow_mask, subword_word_ids)
+            xs = slow_layer.forward_graph_and_attention(xs, slow_mask, slow_graph)
             if self.has_fast_branch and i < len(self.fast_layers):
                 fast_layer = self.fast_layers[i]
-                xf = fast_layer.forward_graph_and_attention(xf, fast_mask, fast_word_ids, relation_types)
+                xf = fast_layer.forward_graph_and_attention(xf, fast_mask, fast_graph, band)
                 xs, xf = (
                     slow_layer.forward_fusion(xs, xf, fast_mask, fast.subword_ids),
                     fast_layer.forward_fusion(xf, xs, slow_mask, fast.subword_ids),

@@ -6,10 +6,12 @@ and |j - i| <= k (k = 3); every other pair gets the "no relation" vector, fixed 
 (the paper's "masked"). The vector is added to the key and shared by the heads:
 ``score_ij = q_i . (k_j + r_type(i,j)) / sqrt(d)``.
 
-The per-pair term is computed as ``q @ R^T`` (one column per relation type) followed by
-a gather with the B x L x L type index, and handed to
-``F.scaled_dot_product_attention`` as an additive bias; ``reference=True`` computes the
-same scores with an explicit B x H x L x L x d key tensor.
+Only the 2k + 1 diagonals around the main one can carry a relation, so the relations
+are kept as a B x L x (2k + 1) band (:func:`boundary_band`) and the relative term as
+``q @ R^T`` on that band, added in place to the 2k + 1 diagonals of the score matrix
+(:class:`AddToDiagonals`): nothing L x L is built besides the scores themselves.
+``reference=True`` computes the same scores with the dense B x L x L relation types of
+:func:`boundary_relation_types` and an explicit B x H x L x L x d key tensor.
 """
 
 from typing import Optional
@@ -37,15 +39,69 @@ def boundary_relation_types(word_ids: torch.Tensor, window: int, restrict_to_wor
     return torch.where(related, (distance + window).unsqueeze(0), torch.full_like(related, none, dtype=torch.long))
 
 
+def boundary_band(word_ids: torch.Tensor, window: int, restrict_to_word: bool = True) -> torch.Tensor:
+    """B x L x (2 * window + 1) bool: ``[b, i, t]`` says whether unit i relates to unit
+    ``i + t - window`` (the same relations as :func:`boundary_relation_types`, kept
+    on the band where they can occur)."""
+    if window < 0:
+        raise ValueError(f"window must be >= 0, got {window}")
+    bsz, length = word_ids.shape
+    padded = F.pad(word_ids, (window, window), value=-1)  # B x (L + 2w)
+    others = padded.unfold(1, 2 * window + 1, 1)  # [b, i, t] = word of unit i + t - window
+    related = others.ge(0) & word_ids.ge(0).unsqueeze(2)
+    if restrict_to_word:
+        related = related & others.eq(word_ids.unsqueeze(2))
+    return related
+
+
+def band_relation_types(band: torch.Tensor) -> torch.Tensor:
+    """The dense B x L x L relation types of a band from :func:`boundary_band`."""
+    bsz, length, width = band.shape
+    window = (width - 1) // 2
+    positions = torch.arange(length, device=band.device)
+    offset = positions.view(1, -1) - positions.view(-1, 1) + window  # [i, j] = j - i + window
+    inside = offset.ge(0) & offset.lt(width)
+    related = band.gather(2, offset.clamp(0, width - 1).unsqueeze(0).expand(bsz, -1, -1)) & inside
+    return torch.where(related, offset.unsqueeze(0), torch.full_like(offset, width).unsqueeze(0))
+
+
+class AddToDiagonals(torch.autograd.Function):
+    """``scores[..., i, i + t - w] += band[..., i, t]`` in place, for N x L x L scores and
+    an N x L x (2w + 1) band: O(L w) work and memory where adding a dense bias would be
+    O(L^2) (and gathering it O(L^2) again in the backward pass)."""
+
+    @staticmethod
+    def forward(ctx, scores: torch.Tensor, band: torch.Tensor) -> torch.Tensor:
+        window = (band.size(-1) - 1) // 2
+        ctx.window = window
+        for t in range(band.size(-1)):
+            d = t - window
+            rows = band[..., max(0, -d): band.size(-2) - max(0, d), t]
+            scores.diagonal(d, -2, -1).add_(rows)
+        ctx.mark_dirty(scores)
+        return scores
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        length = grad.size(-1)
+        grad_band = grad.new_zeros(*grad.shape[:-1], 2 * ctx.window + 1)
+        for t in range(grad_band.size(-1)):
+            d = t - ctx.window
+            grad_band[..., max(0, -d): length - max(0, d), t] = grad.diagonal(d, -2, -1)
+        return grad, grad_band
+
+
 class BoundaryRelativeSelfAttention(nn.Module):
     """Multi-head self-attention with a relative key table (one vector per relation type,
     shared by heads). Own module rather than the tree relative-position table of the
-    BP-Transformer code because the relation here is a dense L x L type map fed to a
-    fused attention kernel, not a per-edge table of a sparse graph.
+    BP-Transformer code because the relation here is a band of a dense attention, not a
+    per-edge table of a sparse graph.
 
-    ``forward(x, key_padding_mask, relation_types)``: x is T x B x C (fairseq layout),
-    ``relation_types`` B x T x T from :func:`boundary_relation_types`. ``window=None``
-    builds no table: plain attention (the "w/o boundary-wise PE" ablation).
+    ``forward(x, key_padding_mask, band)``: x is T x B x C (fairseq layout), ``band``
+    B x T x (2k + 1) from :func:`boundary_band`. ``window=None`` builds no table: plain
+    attention (the "w/o boundary-wise PE" ablation). q, k and v are computed by one
+    matmul with the three projections stacked (the fast branch is narrow: one 3C-wide
+    matmul costs about what one C-wide does).
     """
 
     def __init__(self, embed_dim: int, num_heads: int, window: Optional[int] = 3, dropout: float = 0.0):
@@ -67,37 +123,54 @@ class BoundaryRelativeSelfAttention(nn.Module):
             with torch.no_grad():
                 self.relative_keys.weight[no_relation].zero_()
 
-    def _heads(self, x: torch.Tensor) -> torch.Tensor:
-        length, bsz, _ = x.shape
-        return x.reshape(length, bsz, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
-
     def forward(
         self,
         x: torch.Tensor,
         key_padding_mask: Optional[torch.Tensor],
-        relation_types: Optional[torch.Tensor],
+        band: Optional[torch.Tensor],
         reference: bool = False,
     ) -> torch.Tensor:
         length, bsz, _ = x.shape
-        q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
-        bias = x.new_zeros(bsz, 1, length, length)
+        if (band is None) != (self.relative_keys is None):
+            raise ValueError("band must be given exactly when the module has a relative key table")
+        if band is not None and band.shape != (bsz, length, 2 * self.window + 1):
+            raise ValueError(f"band {tuple(band.shape)} does not match {(bsz, length, 2 * self.window + 1)}")
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        qkv = F.linear(x, torch.cat([p.weight for p in projections]), torch.cat([p.bias for p in projections]))
+        qkv = qkv.view(length, bsz, 3, self.num_heads, self.head_dim)
+        q, k, v = qkv.permute(2, 1, 3, 0, 4).unbind(0)  # B x H x L x d each
+        dropout = self.dropout if self.training else 0.0
+        if band is None:
+            mask = None if key_padding_mask is None else ~key_padding_mask.view(bsz, 1, 1, length)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+        elif reference:
+            out = self._reference_attention(q, k, v, key_padding_mask, band_relation_types(band), dropout)
+        else:
+            out = self._banded_attention(q, k, v, key_padding_mask, band, dropout)
+        return self.out_proj(out.permute(2, 0, 1, 3).reshape(length, bsz, self.embed_dim))
+
+    def _banded_attention(self, q, k, v, key_padding_mask, band, dropout):
+        bsz, heads, length, _ = q.shape
+        q = q * self.head_dim ** -0.5
+        # the relation-type rows of the table (the last one, "no relation", is zero)
+        relative = torch.matmul(q, self.relative_keys.weight[: band.size(2)].t())  # B x H x L x (2k+1)
+        relative = relative * band.unsqueeze(1).to(q.dtype)
+        mask = q.new_zeros(bsz, 1, length)
+        if key_padding_mask is not None:
+            mask = mask.masked_fill(key_padding_mask.view(bsz, 1, length), float("-inf"))
+        mask = mask.unsqueeze(1).expand(-1, heads, -1, -1).reshape(bsz * heads, 1, length)
+        flat = (bsz * heads, length, -1)
+        scores = torch.baddbmm(mask, q.reshape(flat), k.reshape(flat).transpose(1, 2))
+        scores = AddToDiagonals.apply(scores, relative.reshape(flat))
+        probs = F.dropout(torch.softmax(scores, -1), dropout, training=dropout > 0)
+        return torch.bmm(probs, v.reshape(flat)).view(bsz, heads, length, -1)
+
+    def _reference_attention(self, q, k, v, key_padding_mask, relation_types, dropout):
+        bsz, _, length, _ = q.shape
+        bias = q.new_zeros(bsz, 1, length, length)
         if key_padding_mask is not None:
             bias = bias.masked_fill(key_padding_mask.view(bsz, 1, 1, length), float("-inf"))
-        if (relation_types is None) != (self.relative_keys is None):
-            raise ValueError("relation_types must be given exactly when the module has a relative key table")
-        if relation_types is not None:
-            if relation_types.shape != (bsz, length, length):
-                raise ValueError(
-                    f"relation_types {tuple(relation_types.shape)} do not match {(bsz, length, length)}"
-                )
-            if reference:
-                rel = self.relative_keys(relation_types).unsqueeze(1)  # B x 1 x L x L x d
-                bias = bias + torch.einsum("bhid,bhijd->bhij", q, rel.expand(-1, self.num_heads, -1, -1, -1)) / self.head_dim ** 0.5
-            else:
-                per_type = torch.matmul(q, self.relative_keys.weight.t())  # B x H x L x types
-                index = relation_types.unsqueeze(1).expand(-1, self.num_heads, -1, -1)
-                bias = bias + per_type.gather(3, index) / self.head_dim ** 0.5
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=bias, dropout_p=self.dropout if self.training else 0.0
-        )
-        return self.out_proj(out.permute(2, 0, 1, 3).reshape(length, bsz, self.embed_dim))
+        rel = self.relative_keys(relation_types).unsqueeze(1)  # B x 1 x L x L x d
+        rel = rel.expand(-1, self.num_heads, -1, -1, -1)
+        bias = bias + torch.einsum("bhid,bhijd->bhij", q, rel) / self.head_dim ** 0.5
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout)

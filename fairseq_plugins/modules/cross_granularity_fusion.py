@@ -48,27 +48,34 @@ class CrossGranularityAttention(nn.Module):
         if context_padding_mask is not None:
             mask = ~context_padding_mask.view(context_padding_mask.size(0), 1, 1, -1)
         dropout = self.dropout if self.training else 0.0
-        q = self._heads(self.q_proj(x))
         if reference or c.size(2) >= self.head_dim:
-            k, v = self._heads(self.k_proj(c)), self._heads(self.v_proj(c))
+            q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(c)), self._heads(self.v_proj(c))
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
-        else:
-            out = self._attend_in_context_width(q, c, mask, dropout)
-        return out.permute(2, 0, 1, 3).reshape(x.shape)
+            return out.permute(2, 0, 1, 3).reshape(x.shape)
+        return self._attend_in_context_width(x, c, mask, dropout)
 
-    def _attend_in_context_width(self, q, c, mask, dropout):
+    def _attend_in_context_width(self, x, c, mask, dropout):
         """The same attention when the context is narrower than a head (the slow branch
         reading the 32-wide fast one): q . (c Wk) = (q Wk) . c and
         softmax(.) (c Wv + bv) = (softmax(.) c) Wv + bv, so the head-wide projections run
-        over the Ls queries instead of the ~5x longer character sequence."""
-        wk = self.k_proj.weight.view(self.num_heads, self.head_dim, -1)  # H x d x Cc
-        wv = self.v_proj.weight.view(self.num_heads, self.head_dim, -1)
-        q_c = torch.matmul(q, wk)  # B x H x Lq x Cc
-        c_heads = c.transpose(0, 1).unsqueeze(1).expand(-1, self.num_heads, -1, -1)
+        over the Ls queries instead of the ~5x longer character sequence. Wq and Wk are
+        multiplied first (one Cs x (H Cc) map instead of Cs x Cs and a per-head matmul),
+        and as every head attends over the same context, the heads' queries form one
+        sequence of H Lq queries over a single-head context (no per-head copy of it)."""
+        length, bsz, _ = x.shape
+        heads, context_dim = self.num_heads, c.size(2)
+        wq = self.q_proj.weight.view(heads, self.head_dim, -1)  # H x d x Cq
+        wk = self.k_proj.weight.view(heads, self.head_dim, context_dim)  # H x d x Cc
+        wqk = torch.einsum("hdi,hdc->hci", wq, wk).reshape(heads * context_dim, -1)
+        bqk = torch.einsum("hd,hdc->hc", self.q_proj.bias.view(heads, self.head_dim), wk).reshape(-1)
+        q_c = F.linear(x, wqk, bqk).transpose(0, 1).reshape(bsz, 1, length * heads, context_dim)
+        c = c.transpose(0, 1).unsqueeze(1)  # B x 1 x Lc x Cc
         pooled = F.scaled_dot_product_attention(
-            q_c, c_heads, c_heads, attn_mask=mask, dropout_p=dropout, scale=self.head_dim ** -0.5
-        )  # B x H x Lq x Cc
-        return torch.matmul(pooled, wv.transpose(1, 2)) + self.v_proj.bias.view(1, self.num_heads, 1, -1)
+            q_c, c, c, attn_mask=mask, dropout_p=dropout, scale=self.head_dim ** -0.5
+        ).view(bsz, length, heads, context_dim)
+        wv = self.v_proj.weight.view(heads, self.head_dim, context_dim)
+        out = torch.einsum("blhc,hdc->lbhd", pooled, wv).reshape(length, bsz, -1)
+        return out + self.v_proj.bias
 
 
 class LinearProjectedCrossAttention(nn.Module):

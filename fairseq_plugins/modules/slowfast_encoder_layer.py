@@ -17,7 +17,7 @@ from fairseq.modules import LayerNorm
 from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 
 from .boundary_relative_attention import BoundaryRelativeSelfAttention
-from .word_graph_convolution import WordGraphConvolution
+from .word_graph_convolution import WordGraph, WordGraphConvolution
 
 
 # fairseq's copies of the weights for torch's fused encoder-layer kernel, which these
@@ -55,14 +55,15 @@ class SlowFastEncoderLayer(TransformerEncoderLayerBase):
             x = layer_norm(x)
         return x
 
-    def attend(self, x, padding_mask, relation_types=None):
+    def attend(self, x, padding_mask, band=None):
         return self.self_attn(query=x, key=x, value=x, key_padding_mask=padding_mask, need_weights=False)[0]
 
-    def forward_graph_and_attention(self, x, padding_mask, word_ids, relation_types=None):
-        """x: T x B x C; padding_mask: B x T (or None); word_ids: B x T, -1 at padding."""
+    def forward_graph_and_attention(self, x, padding_mask, graph: WordGraph, band=None):
+        """x: T x B x C; padding_mask: B x T (or None); graph: the batch's word graph;
+        band: the fast branch's boundary relations (``boundary_band``)."""
         if self.word_graph is not None:
-            x = self._sublayer(x, self.word_graph_layer_norm, lambda h: self.word_graph(h, word_ids))
-        return self._sublayer(x, self.self_attn_layer_norm, lambda h: self.attend(h, padding_mask, relation_types))
+            x = self._sublayer(x, self.word_graph_layer_norm, lambda h: self.word_graph(h, graph))
+        return self._sublayer(x, self.self_attn_layer_norm, lambda h: self.attend(h, padding_mask, band))
 
     def forward_fusion(self, x, context, context_padding_mask, subword_ids):
         if self.fusion is None:
@@ -97,5 +98,5 @@ class FastBranchEncoderLayer(SlowFastEncoderLayer):
             embed_dim, cfg.encoder.attention_heads, window=cfg.boundary_pe_window, dropout=cfg.attention_dropout
         )
 
-    def attend(self, x, padding_mask, relation_types=None):
-        return self.self_attn(x, padding_mask, relation_types)
+    def attend(self, x, padding_mask, band=None):
+        return self.self_attn(x, padding_mask, band)
