@@ -237,6 +237,8 @@ ABLATIONS = [
     dict(no_boundary_pe=True),
     dict(slowfast_interaction_layers="last"),
     dict(fast_input="subword"),
+    dict(fast_self_attention="linear", fast_linear_attention_length=4),
+    dict(fast_self_attention="linear", fast_input="subword"),  # left-padded fast input
     dict(no_fast_branch=True),
 ]
 

@@ -11,6 +11,7 @@ Every ablation of the paper's Tables 4-6 is a command-line option (docs/slowfast
 
 import copy
 import math
+import os
 import re
 from typing import Optional, Set
 
@@ -29,12 +30,14 @@ from fairseq.modules import FairseqDropout, LayerNorm, PositionalEmbedding
 from fairseq_plugins.modules.boundary_relative_attention import boundary_band
 from fairseq_plugins.modules.cross_granularity_fusion import FUSION_METHODS, build_fusion
 from fairseq_plugins.modules.slowfast_encoder_layer import FastBranchEncoderLayer, SlowFastEncoderLayer
-from fairseq_plugins.modules.subword_characters import PAD_CHAR, SubwordCharacterTable
+from fairseq_plugins.modules.sentencepiece_fast_input import PAD_UNIT, SentencePieceFastInput, piece_count
+from fairseq_plugins.modules.subword_characters import PAD_CHAR, FastBranchInput, SubwordCharacterTable
 from fairseq_plugins.modules.word_graph_convolution import WordGraph
 
 ENCODER_OUTPUTS = ("slow", "fast", "both")
-FAST_INPUTS = ("char", "subword")
+FAST_INPUTS = ("char", "subword", "sentencepiece")
 FAST_BOUNDARIES = ("word", "random", "none")
+FAST_SELF_ATTENTIONS = ("full", "linear")
 
 
 def parse_interaction_layers(spec: str, num_layers: int) -> Set[int]:
@@ -79,6 +82,12 @@ def random_word_ids(word_ids: torch.Tensor) -> torch.Tensor:
     return ids.masked_fill(~valid, -1)
 
 
+def boundary_pe_window(cfg) -> Optional[int]:
+    """The relative window of the fast branch's boundary PE; None without one (turned
+    off, or Linformer attention, whose compressed keys have no pairwise positions)."""
+    return None if cfg.no_boundary_pe or cfg.fast_self_attention == "linear" else cfg.boundary_pe_window
+
+
 def fast_branch_config(cfg):
     """The slow branch's config with the fast branch's width, FFN size, heads and
     relative window (None: no boundary PE)."""
@@ -86,8 +95,22 @@ def fast_branch_config(cfg):
     fast.encoder.embed_dim = cfg.fast_embed_dim
     fast.encoder.ffn_embed_dim = cfg.fast_ffn_embed_dim
     fast.encoder.attention_heads = cfg.fast_attention_heads
-    fast.boundary_pe_window = None if cfg.no_boundary_pe else cfg.boundary_pe_window
+    fast.boundary_pe_window = boundary_pe_window(cfg)
     return fast
+
+
+def read_sentencepiece_model(cfg) -> Optional[bytes]:
+    """The bytes of ``--fast-sentencepiece-model``; None when the file is gone but the
+    model records its size (a checkpoint: its state dict carries the model)."""
+    path = cfg.fast_sentencepiece_model
+    if not path:
+        raise ValueError("--fast-input sentencepiece needs --fast-sentencepiece-model")
+    if os.path.isfile(path):
+        with open(path, "rb") as f:
+            return f.read()
+    if getattr(cfg, "fast_sentencepiece_pieces", None):
+        return None
+    raise FileNotFoundError(f"--fast-sentencepiece-model {path}: no such file")
 
 
 class SlowFastEncoder(TransformerEncoderBase):
@@ -95,9 +118,11 @@ class SlowFastEncoder(TransformerEncoderBase):
 
     Extra attributes read from ``cfg`` (the model's flat argparse options):
     ``no_fast_branch``, ``fast_embed_dim``, ``fast_ffn_embed_dim``,
-    ``fast_attention_heads``, ``fast_input``, ``subword_style``, ``fast_max_characters``,
-    ``slowfast_fusion``, ``slowfast_encoder_output``, ``unidirectional_fusion``,
-    ``fast_boundaries``, ``no_boundary_pe``, ``boundary_pe_window``,
+    ``fast_attention_heads``, ``fast_input``, ``fast_sentencepiece_model``,
+    ``subword_style``, ``fast_max_characters``, ``slowfast_fusion``,
+    ``slowfast_encoder_output``, ``unidirectional_fusion``, ``fast_boundaries``,
+    ``no_boundary_pe``, ``boundary_pe_window``, ``fast_self_attention``,
+    ``fast_linear_attention_length``, ``fast_linear_attention_max_length``,
     ``slowfast_interaction_layers``.
     """
 
@@ -114,15 +139,19 @@ class SlowFastEncoder(TransformerEncoderBase):
         slow_dim, fast_dim = cfg.encoder.embed_dim, cfg.fast_embed_dim
         self.fast_input = cfg.fast_input
         self.fast_boundaries = cfg.fast_boundaries
-        self.boundary_pe_window = None if cfg.no_boundary_pe else cfg.boundary_pe_window
+        self.boundary_pe_window = boundary_pe_window(cfg)
         self.output = cfg.slowfast_encoder_output
 
         if self.fast_input == "char":
-            self.fast_padding_idx = PAD_CHAR
-            self.fast_embed_tokens = nn.Embedding(self.characters.num_characters, fast_dim, padding_idx=PAD_CHAR)
+            self.fast_padding_idx, fast_vocabulary = PAD_CHAR, self.characters.num_characters
+        elif self.fast_input == "subword":
+            self.fast_padding_idx, fast_vocabulary = dictionary.pad(), len(dictionary)
         else:
-            self.fast_padding_idx = dictionary.pad()
-            self.fast_embed_tokens = nn.Embedding(len(dictionary), fast_dim, padding_idx=dictionary.pad())
+            self.sentencepiece = SentencePieceFastInput(
+                self.characters, dictionary, read_sentencepiece_model(cfg), getattr(cfg, "fast_sentencepiece_pieces", None)
+            )
+            self.fast_padding_idx, fast_vocabulary = PAD_UNIT, self.sentencepiece.num_units
+        self.fast_embed_tokens = nn.Embedding(fast_vocabulary, fast_dim, padding_idx=self.fast_padding_idx)
         nn.init.normal_(self.fast_embed_tokens.weight, mean=0, std=fast_dim ** -0.5)
         nn.init.constant_(self.fast_embed_tokens.weight[self.fast_padding_idx], 0)
         self.fast_embed_scale = 1.0 if cfg.no_scale_embedding else math.sqrt(fast_dim)
@@ -167,6 +196,7 @@ class SlowFastEncoder(TransformerEncoderBase):
     def _validate(cfg):
         choices = dict(
             fast_input=FAST_INPUTS,
+            fast_self_attention=FAST_SELF_ATTENTIONS,
             fast_boundaries=FAST_BOUNDARIES,
             slowfast_fusion=FUSION_METHODS,
             slowfast_encoder_output=ENCODER_OUTPUTS,
@@ -184,6 +214,13 @@ class SlowFastEncoder(TransformerEncoderBase):
     def build_encoder_layer(self, cfg):
         return SlowFastEncoderLayer(cfg, use_word_graph=True)
 
+    def fast_branch_input(self, src_tokens) -> FastBranchInput:
+        if self.fast_input == "char":
+            return self.characters(src_tokens)
+        if self.fast_input == "subword":
+            return self.characters.subword_input(src_tokens)
+        return self.sentencepiece(src_tokens, *self.characters.subword_word_boundaries(src_tokens))
+
     def forward_fast_embedding(self, tokens):
         x = self.fast_embed_scale * self.fast_embed_tokens(tokens)
         if self.fast_embed_positions is not None:
@@ -197,7 +234,7 @@ class SlowFastEncoder(TransformerEncoderBase):
         slow_mask = padding_mask if padding_mask.any() else None
 
         if self.has_fast_branch:
-            fast = self.characters(src_tokens) if self.fast_input == "char" else self.characters.subword_input(src_tokens)
+            fast = self.fast_branch_input(src_tokens)
             subword_word_ids = fast.subword_word_ids
             fast_word_ids = random_word_ids(fast.word_ids) if self.fast_boundaries == "random" else fast.word_ids
             fast_graph = WordGraph(fast_word_ids) if self.fast_boundaries != "none" else None
@@ -262,7 +299,10 @@ class TransformerSlowFastModel(TransformerModel):
         parser.add_argument("--fast-ffn-embed-dim", type=int, help="fast branch FFN size (paper: 128 at width 32)")
         parser.add_argument("--fast-attention-heads", type=int, help="fast branch attention heads")
         parser.add_argument("--fast-input", choices=FAST_INPUTS,
-                            help="fast branch input: characters, or the subwords themselves (Table 4d)")
+                            help="fast branch input: characters, the subwords themselves, or the source "
+                                 "re-segmented by --fast-sentencepiece-model (Table 4d)")
+        parser.add_argument("--fast-sentencepiece-model", type=str, metavar="FILE",
+                            help="sentencepiece .model for --fast-input sentencepiece (kept in the checkpoint)")
         parser.add_argument("--subword-style", choices=("auto", "bpe", "sentencepiece"),
                             help="source vocabulary markers: subword-nmt @@ or sentencepiece \u2581 (auto: detect)")
         parser.add_argument("--fast-max-characters", type=int,
@@ -278,6 +318,12 @@ class TransformerSlowFastModel(TransformerModel):
         parser.add_argument("--no-boundary-pe", action="store_true",
                             help="no boundary-wise relative positions in the fast branch (Table 5 #5)")
         parser.add_argument("--boundary-pe-window", type=int, help="relative window k of the boundary PE (paper: 3)")
+        parser.add_argument("--fast-self-attention", choices=FAST_SELF_ATTENTIONS,
+                            help="fast branch self-attention: full, or linear (Linformer, no boundary PE) (Table 5 #6)")
+        parser.add_argument("--fast-linear-attention-length", type=int,
+                            help="Linformer's k: keys and values projected to this length")
+        parser.add_argument("--fast-linear-attention-max-length", type=int,
+                            help="Linformer's n: the longest fast-branch sequence the projections cover")
         parser.add_argument("--slowfast-interaction-layers", type=str,
                             help="blocks with fusion: all, last, bottomN, topN, everyN or 1-based list (Table 6)")
         # fmt: on
@@ -285,6 +331,11 @@ class TransformerSlowFastModel(TransformerModel):
     @classmethod
     def build_model(cls, args, task):
         slowfast_base_architecture(args)
+        if args.fast_input == "sentencepiece" and not args.no_fast_branch:
+            # recorded in the checkpoint's arguments: it then builds without the .model file
+            model_proto = read_sentencepiece_model(args)
+            if model_proto is not None:
+                args.fast_sentencepiece_pieces = piece_count(model_proto)
         return super().build_model(args, task)
 
     @classmethod
@@ -299,6 +350,7 @@ def slowfast_defaults(args):
     args.fast_ffn_embed_dim = getattr(args, "fast_ffn_embed_dim", 4 * args.fast_embed_dim)
     args.fast_attention_heads = getattr(args, "fast_attention_heads", 4)
     args.fast_input = getattr(args, "fast_input", "char")
+    args.fast_sentencepiece_model = getattr(args, "fast_sentencepiece_model", None)
     args.subword_style = getattr(args, "subword_style", "auto")
     args.fast_max_characters = getattr(args, "fast_max_characters", 0)
     args.slowfast_fusion = getattr(args, "slowfast_fusion", "cga")
@@ -307,6 +359,9 @@ def slowfast_defaults(args):
     args.fast_boundaries = getattr(args, "fast_boundaries", "word")
     args.no_boundary_pe = getattr(args, "no_boundary_pe", False)
     args.boundary_pe_window = getattr(args, "boundary_pe_window", 3)
+    args.fast_self_attention = getattr(args, "fast_self_attention", "full")
+    args.fast_linear_attention_length = getattr(args, "fast_linear_attention_length", 64)
+    args.fast_linear_attention_max_length = getattr(args, "fast_linear_attention_max_length", 2048)
     args.slowfast_interaction_layers = getattr(args, "slowfast_interaction_layers", "all")
     args.encoder_normalize_before = getattr(args, "encoder_normalize_before", True)
     args.decoder_normalize_before = getattr(args, "decoder_normalize_before", True)

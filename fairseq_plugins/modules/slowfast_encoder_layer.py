@@ -17,6 +17,7 @@ from fairseq.modules import LayerNorm
 from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 
 from .boundary_relative_attention import BoundaryRelativeSelfAttention
+from .linear_self_attention import LinformerSelfAttention
 from .word_graph_convolution import WordGraph, WordGraphConvolution
 
 
@@ -91,9 +92,15 @@ class SlowFastEncoderLayer(TransformerEncoderLayerBase):
 
 class FastBranchEncoderLayer(SlowFastEncoderLayer):
     """Fast-branch block: self-attention with boundary-wise relative positions
-    (window ``cfg.boundary_pe_window``; None: plain attention)."""
+    (window ``cfg.boundary_pe_window``; None: plain attention), or Linformer attention
+    when ``cfg.fast_self_attention == "linear"``."""
 
     def build_self_attention(self, embed_dim, cfg):
+        if cfg.fast_self_attention == "linear":
+            return LinformerSelfAttention(
+                embed_dim, cfg.encoder.attention_heads, cfg.fast_linear_attention_length,
+                cfg.fast_linear_attention_max_length, dropout=cfg.attention_dropout,
+            )  # fmt: skip
         return BoundaryRelativeSelfAttention(
             embed_dim, cfg.encoder.attention_heads, window=cfg.boundary_pe_window, dropout=cfg.attention_dropout
         )

@@ -80,7 +80,7 @@ class SubwordCharacterTable(nn.Module):
         self.pad_index = dictionary.pad()
         specials = [i for i in range(dictionary.nspecial) if i != self.pad_index]
 
-        pieces = [self._strip_markers(s) for s in symbols]
+        pieces = [self.strip_markers(s) for s in symbols]
         counts = list(dictionary.count) if len(dictionary.count) == len(symbols) else [1] * len(symbols)
         frequency = {}
         for i in range(dictionary.nspecial, len(symbols)):
@@ -126,7 +126,8 @@ class SubwordCharacterTable(nn.Module):
         )
         self.num_characters = first_ordinary + len(ranked)
 
-    def _strip_markers(self, symbol: str) -> str:
+    def strip_markers(self, symbol: str) -> str:
+        """The characters of a dictionary symbol, without its subword marker."""
         if self.style == "bpe" and symbol.endswith(BPE_CONTINUATION):
             return symbol[: -len(BPE_CONTINUATION)]
         if self.style == "sentencepiece" and symbol.startswith(SENTENCEPIECE_WORD_START):
