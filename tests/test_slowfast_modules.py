@@ -16,6 +16,7 @@ from fairseq_plugins.models.transformer_slowfast import (
 from fairseq_plugins.modules.boundary_relative_attention import (
     AddToDiagonals,
     BoundaryRelativeSelfAttention,
+    attention_groups,
     band_relation_types,
     boundary_band,
     boundary_relation_types,
@@ -120,6 +121,30 @@ def test_relative_attention_fast_path_equals_reference_and_ignores_padding():
         plain(x.float(), pad, band)
     with pytest.raises(ValueError, match="divisible"):
         BoundaryRelativeSelfAttention(16, 3)
+
+
+def test_attention_in_length_groups_equals_the_whole_batch():
+    torch.manual_seed(0)
+    d = _dictionary()
+    layer = build_model(d).encoder.fast_layers[0].double()
+    lengths = [3, 30, 4, 28, 5, 29, 6, 31, 2, 27]
+    width = max(lengths)
+    pad = torch.arange(width).view(1, -1) >= torch.tensor(lengths).view(-1, 1)
+    word_ids = torch.arange(width).div(4, rounding_mode="floor").expand(len(lengths), -1).masked_fill(pad, -1)
+    band = boundary_band(word_ids, 3)
+    groups = attention_groups(pad, band)
+    assert len(groups) == 4 and [len(g.index) for g in groups] == [3, 3, 2, 2]
+    assert attention_groups(pad, band, max_groups=8)[0].index is None  # too few sentences to split
+    whole = attention_groups(pad.flip(1), None)  # left-padded: never trimmed
+    assert len(whole) == 1 and whole[0].index is None
+    x = torch.randn(width, len(lengths), 8, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn_like(x) * ~pad.t().unsqueeze(2)  # only real positions are read
+    split = layer.attend(x, pad, groups)
+    reference = layer.attend(x, pad, [groups[0]._replace(index=None, length=width, padding_mask=pad, band=band)])
+    assert torch.allclose(split[~pad.t()], reference[~pad.t()])
+    params = [x, *layer.self_attn.parameters()]
+    for a, b in zip(torch.autograd.grad((split * weight).sum(), params), torch.autograd.grad((reference * weight).sum(), params)):
+        assert torch.allclose(a, b)
 
 
 @pytest.mark.parametrize("method", FUSION_METHODS)

@@ -27,7 +27,7 @@ from fairseq.models.transformer.transformer_legacy import (
 )
 from fairseq.modules import FairseqDropout, LayerNorm, PositionalEmbedding
 
-from fairseq_plugins.modules.boundary_relative_attention import boundary_band
+from fairseq_plugins.modules.boundary_relative_attention import attention_groups, boundary_band
 from fairseq_plugins.modules.cross_granularity_fusion import FUSION_METHODS, build_fusion
 from fairseq_plugins.modules.slowfast_encoder_layer import FastBranchEncoderLayer, SlowFastEncoderLayer
 from fairseq_plugins.modules.sentencepiece_fast_input import PAD_UNIT, SentencePieceFastInput, piece_count
@@ -241,6 +241,7 @@ class SlowFastEncoder(TransformerEncoderBase):
             band = None
             if self.boundary_pe_window is not None:
                 band = boundary_band(fast_word_ids, self.boundary_pe_window, restrict_to_word=self.fast_boundaries != "none")
+            groups = attention_groups(fast.padding_mask, band)
             xf = (self.forward_fast_embedding(fast.tokens) * ~fast.padding_mask.unsqueeze(-1)).transpose(0, 1)
             fast_mask = fast.padding_mask if fast.padding_mask.any() else None
         else:
@@ -252,7 +253,7 @@ class SlowFastEncoder(TransformerEncoderBase):
             xs = slow_layer.forward_graph_and_attention(xs, slow_mask, slow_graph)
             if self.has_fast_branch and i < len(self.fast_layers):
                 fast_layer = self.fast_layers[i]
-                xf = fast_layer.forward_graph_and_attention(xf, fast_mask, fast_graph, band)
+                xf = fast_layer.forward_graph_and_attention(xf, fast_mask, fast_graph, groups)
                 xs, xf = (
                     slow_layer.forward_fusion(xs, xf, fast_mask, fast.subword_ids),
                     fast_layer.forward_fusion(xf, xs, slow_mask, fast.subword_ids),
