@@ -84,11 +84,11 @@ def test_original_builder_failure_case_n5_k1():
     assert rows[5:] == [[0, 1], [2, 3], [4], [0, 1, 2, 3], [4], [0, 1, 2, 3, 4]]
 
 
-@pytest.mark.parametrize("build", [
-    lambda n: bpt_graph(n, 2), lambda n: bpt_graph(n, 4, causal=True),
-    lambda n: segtree_graph(n),
+@pytest.mark.parametrize("build, self_loop", [
+    (lambda n: bpt_graph(n, 2), False), (lambda n: bpt_graph(n, 4, causal=True), False),
+    (lambda n: segtree_graph(n), True),
 ], ids=["bpt", "bpt-causal", "segtree"])
-def test_span_nodes_attend_exactly_their_tokens(build):
+def test_span_nodes_attend_exactly_their_tokens(build, self_loop):
     for n in [1, 2, 3, 5, 8, 13, 64, 100]:
         g = build(n)
         level, index = node_levels(n)
@@ -98,7 +98,7 @@ def test_span_nodes_attend_exactly_their_tokens(build):
             tokens = keys[keys < n]
             j, m = int(level[u]), int(index[u])
             assert tokens.tolist() == list(range(m << j, min((m + 1) << j, n)))
-            assert keys[keys >= n].tolist() == ([u] if g.tree.span_self_loop else [])
+            assert keys[keys >= n].tolist() == ([u] if self_loop else [])
 
 
 def test_graph_nodes_and_types_match_the_tree():

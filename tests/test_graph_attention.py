@@ -58,7 +58,7 @@ def generic(q, k, v, graph, rel, mask, scale):
 
 
 def blocked(q, k, v, graph, rel, mask, scale):
-    return tree_block_attention(q, k, v, graph, rel, mask, 0.0, scale, block=8)
+    return tree_block_attention(q, k, v, graph, rel, mask, 0.0, scale, min_group=2, max_group=8)
 
 
 def dense(q, k, v, graph, rel, mask, scale):
@@ -136,3 +136,27 @@ def test_bad_input_raises():
         graph_attention(q, k, v, graph, backend="nonexistent")
     with pytest.raises(ValueError, match="increasing"):
         AttentionGraph(2, torch.tensor([0, 2, 2]), torch.tensor([1, 0]), torch.zeros(2, dtype=torch.long), 1)
+
+
+@pytest.mark.parametrize("name", sorted(GRAPHS))
+def test_tree_path_with_default_groups_equals_reference(name):
+    """Long enough for band levels, full levels and padded query groups at the default sizes."""
+    assert_matches_reference(tree_block_attention_default, GRAPHS[name](300), [300, 131])
+
+
+def tree_block_attention_default(q, k, v, graph, rel, mask, scale):
+    return tree_block_attention(q, k, v, graph, rel, mask, 0.0, scale)
+
+
+def test_tree_path_dropout_gradients():
+    """The hand-written backward applies the same dropout mask as the forward."""
+    graph = bpt_graph(13, 1)
+    q, k, v, rel = random_inputs(graph, bsz=1, heads=1, dim=4)
+    mask = ~node_present(torch.tensor([10]), 13)
+
+    def attend(q, k, v, rel):
+        torch.manual_seed(0)  # the same dropout mask at every call
+        return tree_block_attention(q, k, v, graph, rel, mask, 0.3, None, min_group=2, max_group=4)
+
+    assert not torch.allclose(attend(q, k, v, rel), tree_block_attention(q, k, v, graph, rel, mask))
+    assert torch.autograd.gradcheck(attend, (q, k, v, rel))

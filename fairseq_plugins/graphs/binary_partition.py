@@ -203,11 +203,7 @@ def _assemble(n: int, contexts: torch.Tensor, types: TreeEdgeTypes,
     order = torch.argsort(rows * num_nodes + cols)
     rows, cols, etypes = rows[order], cols[order], etypes[order]
     counts = torch.bincount(rows, minlength=num_nodes)
-    tree = TreeLayout(
-        num_tokens=n, level_sizes=sizes,
-        ancestor_types=(0,) + tuple(types.ancestor(j) for j in range(1, len(sizes))),
-        self_type=types.self_type, span_self_loop=span_self_loop,
-    )
+    tree = TreeLayout(num_tokens=n, level_sizes=sizes)
     return AttentionGraph(
         num_nodes=num_nodes, indptr=torch.cat([counts.new_zeros(1), counts.cumsum(0)]),
         indices=cols, edge_type=etypes, num_edge_types=types.num_types, tree=tree,

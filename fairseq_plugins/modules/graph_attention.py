@@ -10,17 +10,18 @@ sentences of a batch; sentences differ only through ``key_padding_mask``.
 Backends are looked up by name (``register_backend``). The built-in ``"torch"`` backend has three
 exact implementations:
 
-* ``dense_graph_attention``: graphs of at most ``DENSE_MAX_NODES`` nodes (the sentences of MT);
+* ``dense_graph_attention``: graphs of at most ``DENSE_MAX_NODES`` nodes (short sentences);
   the full [N, N] score matrix with -inf off the graph, one fused SDPA call. O(N^2), but a few
   large kernels beat the other paths' many small ones at this size.
 * ``csr_attention``: any graph; gathers one key/value per edge and does a segment softmax with
   scatter ops. Memory is linear in the number of edges (times the head dim).
-* ``tree_block_attention``: graphs built over a binary-partition tree (``graph.tree`` is set,
-  nodes laid out as tokens then levels 1, 2, ...). Token queries are processed in blocks of
-  consecutive tokens; at every level the keys a block can reach form a narrow band of that
-  level, read as a strided window, so each (block, level) pair is one dense GEMM and no per-edge
-  gather is needed. Span queries attend to their tokens through a dense reshaped view.
-  This is what makes the op faster than dense attention on CPU at long lengths.
+* ``tree_block_attention``: graphs laid out over a binary-partition tree (``graph.tree`` is
+  set: tokens, then levels 1, 2, ...). Queries are grouped (tokens by their ancestor at each
+  level; spans by tiers of levels, block by block), and the keys a group reads at one level
+  form a narrow band of that level, so each (group, level) pair is one small dense GEMM and no
+  per-edge gather is needed. It runs in cache-sized chunks with a hand-written backward: on
+  CPU the op is bound by memory traffic. This is the path for every sentence longer than a
+  few dozen tokens.
 
 The CUDA backend lives in ``graph_attention_cuda`` (imported lazily) and registers itself as
 ``"cuda"``; it reads the int32 CSR and the transposed CSR cached on the graph.
@@ -32,24 +33,21 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 
 @dataclass(frozen=True)
 class TreeLayout:
-    """Structure of a binary-partition-tree graph, used by the fast path.
+    """Node layout of a graph built over a binary-partition tree, used by the fast path.
 
     Nodes are laid out as ``num_tokens`` token nodes, then the nodes of level 1, level 2, ...;
-    level j node m covers tokens [m * 2^j, min((m + 1) * 2^j, num_tokens)).
-    Every span row attends to exactly its tokens with type ``ancestor_types[j]`` (plus itself
-    with ``self_type`` when ``span_self_loop``); token rows are arbitrary but must stay within
-    a band around their ancestor at each level (checked when the block plan is built).
+    level j node m covers tokens [m * 2^j, min((m + 1) * 2^j, num_tokens)). The edges may be
+    anything: the fast path is exact for every graph, and fast when each node's keys at a
+    level lie close to the nodes it covers (as in BPT and SegTree).
     """
 
     num_tokens: int
     level_sizes: Tuple[int, ...]  # nodes per level, level 0 = tokens
-    ancestor_types: Tuple[int, ...]  # edge type of span(level j) <- token; index 0 unused
-    self_type: int
-    span_self_loop: bool
 
     @property
     def level_offsets(self) -> Tuple[int, ...]:
@@ -191,7 +189,7 @@ def _check_inputs(query, key, value, graph, rel_key, key_padding_mask):
         raise ValueError("key_padding_mask must be a bool [B, N] tensor")
 
 
-DENSE_MAX_NODES = 512  # measured crossover on CPU, see docs/bpt.md
+DENSE_MAX_NODES = 64  # measured crossover with the tree path on CPU, see docs/bpt.md
 
 
 def _torch_backend(query, key, value, graph, rel_key, key_padding_mask, dropout_p, scale):
@@ -291,163 +289,392 @@ def csr_attention(query, key, value, indptr, indices, edge_type, rel_key=None,
 # ---------------------------------------------------------------- structured fast path
 
 @dataclass(frozen=True)
-class _LevelBand:
-    level: int
-    left: int  # how many level nodes left of the block's first ancestor a token may reach
-    width: int  # band width in level nodes
-    per_block: int  # level nodes spanned by one block (>= 1)
+class _KeyBand:
+    """Where the keys of one tree level sit in the score matrix of one query level."""
+
+    offset: int  # first node of the key level in the graph
+    size: int  # nodes in the key level
+    full: bool  # every query reads the whole key level
+    group: int  # band mode: consecutive queries that share one band of keys
+    stride: int  # band mode: key nodes between the bands of consecutive groups
+    left: int  # band mode: a band starts this many key nodes before its group's first one
+    width: int  # score columns of this key level (band width, or the level size)
+    column: int  # first score column
 
 
 @dataclass(frozen=True)
-class _BlockPlan:
-    block: int  # query tokens per block
-    num_blocks: int
-    bands: Tuple[_LevelBand, ...]
-    edge_type: torch.Tensor  # [num_blocks, block, sum(width)], -1 where no edge
+class _QuerySet:
+    """Query nodes handled together: row slots padded to whole groups, and their key bands."""
+
+    nodes: torch.Tensor  # [padded] graph node of every row slot, -1 for an empty slot
+    keys: Tuple[_KeyBand, ...]
+    column_type: torch.Tensor  # [padded, W] edge type of every score column; num_edge_types = none
+    no_edge: torch.Tensor  # [padded, W] bool
+    has_edge: torch.Tensor  # [padded] bool; rows without one get a dummy column and zero output
+    filled: torch.Tensor  # row slots that hold a node
+    filled_nodes: torch.Tensor  # their nodes
+    first_node: int  # when the filled slots are a prefix holding consecutive nodes: the first
+
+    @property
+    def padded(self) -> int:
+        return self.nodes.numel()
+
+    @property
+    def num_columns(self) -> int:
+        return self.column_type.size(1)
 
 
-def _block_plan(graph: AttentionGraph, block: int) -> _BlockPlan:
-    """Place every token edge in its (block, level) band; verify the span rows."""
-    key = ("plan", block)
+def _query_sets(tree: TreeLayout, min_group: int):
+    """Row slots of the query sets: (nodes [padded], rows per unit, tokens per unit).
+
+    Tokens form one set. Spans form tiers of log2(min_group) consecutive levels; a tier's
+    spans are ordered block by block, where a block is the span of the tier's top level, so
+    the spans under one block read the same tokens and a whole tier costs one pass over the
+    keys instead of one pass per level."""
+    offsets, sizes = tree.level_offsets, tree.level_sizes
+    sets = [(torch.arange(sizes[0]), 1, 1)]
+    per_tier = max(min_group.bit_length() - 1, 1)
+    for first in range(1, len(sizes), per_tier):
+        levels = range(first, min(first + per_tier, len(sizes)))
+        top = levels[-1]
+        blocks = -(-tree.num_tokens // (1 << top))
+        slots = []
+        for i in levels:  # per block: the 2^(top - i) spans of level i under it
+            per_block = 1 << (top - i)
+            index = torch.arange(blocks * per_block).view(blocks, per_block)
+            slots.append(torch.where(index < sizes[i], offsets[i] + index, -1))
+        slots = torch.cat(slots, 1)
+        sets.append((slots.flatten(), slots.size(1), 1 << top))
+    return sets
+
+
+def _tree_plan(graph: AttentionGraph, min_group: int, max_group: int, device) -> Tuple[_QuerySet, ...]:
+    """Place every edge in a score column of its query set (cached per graph and device).
+
+    Against key level j, the rows of a set are grouped so that a group covers at least
+    ``min_group`` tokens and one node of level j; the keys a group reads at that level then
+    form one short band, and the pair (group, band) is one small GEMM. A key level whose band
+    would be as wide as the level, or whose groups would exceed ``max_group`` rows, is read
+    whole (one GEMM for all rows). Bands are measured from the edges, so any graph laid out
+    as a tree is computed exactly; the tree's shape only decides how little is wasted."""
+    key = ("tree_plan", min_group, max_group, str(device))
     if key in graph._cache:
         return graph._cache[key]
     tree = graph.tree
-    n, offsets = tree.num_tokens, tree.level_offsets
-    rows, cols, types = graph.rows(), graph.indices, graph.edge_type
-    node_level = torch.repeat_interleave(torch.arange(len(tree.level_sizes)),
-                                         torch.tensor(tree.level_sizes))
+    offsets, sizes = tree.level_offsets, tree.level_sizes
+    node_level = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
     node_index = torch.arange(graph.num_nodes) - torch.tensor(offsets)[node_level]
-    _check_span_rows(graph, node_level, node_index)
-
-    token_edge = rows < n
-    q, c, t = rows[token_edge], cols[token_edge], types[token_edge]
-    lvl, idx = node_level[c], node_index[c]
-    distance = idx - (q >> lvl)  # key node relative to the query's ancestor at that level
-    num_blocks = -(-n // block)
-    bands, col_offset, placed_col = [], 0, torch.empty_like(q)
-    for j in range(len(tree.level_sizes)):
-        at = lvl == j
-        per_block = max(block >> j, 1)
-        left = int((-distance[at]).clamp_min(0).max()) if at.any() else 0
-        right = int(distance[at].clamp_min(0).max()) if at.any() else 0
-        # column inside the band: node index minus the band start of the query's block
-        start = ((q[at] // block) * block >> j) - left
-        placed_col[at] = col_offset + idx[at] - start
-        width = per_block + left + right
-        bands.append(_LevelBand(j, left, width, per_block))
-        col_offset += width
-    plan_type = torch.full((num_blocks, block, col_offset), -1, dtype=torch.int64)
-    plan_type[q // block, q % block, placed_col] = t
-    plan = _BlockPlan(block, num_blocks, tuple(bands), plan_type)
-    graph._cache[key] = plan
-    return plan
-
-
-def _check_span_rows(graph, node_level, node_index):
-    """The fast path computes span rows from the layout alone; make sure the CSR agrees."""
-    tree, n = graph.tree, graph.tree.num_tokens
     rows, cols, types = graph.rows(), graph.indices, graph.edge_type
-    span = rows >= n
-    r, c, t = rows[span], cols[span], types[span]
-    j, m = node_level[r], node_index[r]
-    is_self = c == r
-    anc = torch.tensor(tree.ancestor_types)[j]
-    ok = torch.where(is_self, tree.span_self_loop & (t == tree.self_type),
-                     (c < n) & ((c >> j) == m) & (t == anc))
-    counts = torch.bincount(r - n, minlength=graph.num_nodes - n)
-    span_nodes = torch.arange(n, graph.num_nodes)
-    want = (torch.minimum((node_index[span_nodes] + 1) << node_level[span_nodes], torch.tensor(n))
-            - (node_index[span_nodes] << node_level[span_nodes]) + int(tree.span_self_loop))
-    if not bool(ok.all()) or not torch.equal(counts, want):
-        raise ValueError("graph.tree is set but the span rows are not 'all tokens of the span'")
+    key_level, key_index = node_level[cols], node_index[cols]
+    plan = []
+    for nodes, unit_rows, unit_tokens in _query_sets(tree, min_group):
+        slot_of = torch.full((graph.num_nodes,), -1)
+        slot_of[nodes[nodes >= 0]] = torch.nonzero(nodes >= 0).flatten()
+        edge_slot = slot_of[rows]
+        specs = []  # (edges, offset, size, full, group, stride, left, width)
+        for j, key_size in enumerate(sizes):
+            at = (edge_slot >= 0) & (key_level == j)
+            if not bool(at.any()):
+                continue
+            tokens = max(unit_tokens, 1 << j, min_group)  # tokens covered by one row group
+            group, stride = unit_rows * tokens // unit_tokens, tokens >> j
+            if group <= max_group:
+                first = (edge_slot[at] // group) * stride
+                left = int((first - key_index[at]).clamp_min(0).max())
+                width = int((key_index[at] - first).max()) + left + 1
+                if width < key_size:
+                    specs.append((at, offsets[j], key_size, False, group, stride, left, width))
+                    continue
+            specs.append((at, offsets[j], key_size, True, 1, 1, 0, key_size))
+        if not specs:
+            continue  # no edges out of these nodes: their output stays zero
+        step = max([spec[4] for spec in specs if not spec[3]], default=1)
+        nodes = F.pad(nodes, (0, -(-nodes.numel() // step) * step - nodes.numel()), value=-1)
+        column_type = torch.full((nodes.numel(), sum(spec[-1] for spec in specs)),
+                                 graph.num_edge_types)
+        has_edge = torch.zeros(nodes.numel(), dtype=torch.bool)
+        bands, column = [], 0
+        for at, offset, size, full, group, stride, left, width in specs:
+            slot, k = edge_slot[at], key_index[at]
+            start = 0 if full else (slot // group) * stride - left
+            column_type[slot, column + k - start] = types[at]
+            has_edge[slot] = True
+            bands.append(_KeyBand(offset, size, full, group, stride, left, width, column))
+            column += width
+        column_type[~has_edge, 0] = 0  # keeps the softmax of edgeless and empty rows finite
+        filled = torch.nonzero(nodes >= 0).flatten()
+        prefix = torch.arange(filled.numel())
+        consecutive = torch.equal(filled, prefix) and torch.equal(nodes[filled], nodes[0] + prefix)
+        plan.append(_QuerySet(*(t.to(device) for t in (nodes,)), tuple(bands),
+                              *(t.to(device) for t in (column_type, column_type == graph.num_edge_types,
+                                                       has_edge, filled, nodes[filled])),
+                              int(nodes[0]) if consecutive else -1))
+    graph._cache[key] = tuple(plan)
+    return graph._cache[key]
 
 
-def _windows(level_kv: torch.Tensor, band: _LevelBand, plan: _BlockPlan) -> torch.Tensor:
-    """[B, H, size, D] level nodes -> [B, H, num_blocks, width, D] band of every block."""
-    size = level_kv.size(2)
-    if band.per_block > 1:
-        needed = (plan.num_blocks - 1) * band.per_block + band.width
+def _nodes(x: torch.Tensor, band: _KeyBand) -> torch.Tensor:
+    """The [C, size, D] slice of a key level of [C, N, D] node states."""
+    return x[:, band.offset:band.offset + band.size]
+
+
+def _band(x: torch.Tensor, band: _KeyBand, groups: int) -> torch.Tensor:
+    """[C, size, D] key-level nodes -> [C, groups, width, D]: the keys of every query group."""
+    need = (groups - 1) * band.stride + band.width
+    right = max(need - band.left - x.size(1), 0)
+    if band.left or right:
+        x = F.pad(x, (0, 0, band.left, right))
+    if band.width == band.stride:  # bands side by side: a view
+        return x[:, :need].reshape(x.size(0), groups, band.width, x.size(2))
+    return x.unfold(1, band.width, band.stride)[:, :groups].transpose(-1, -2).contiguous()
+
+
+def _unband(bands: torch.Tensor, band: _KeyBand) -> torch.Tensor:
+    """Adjoint of ``_band``: [C, groups, width, D] -> [C, size, D], overlaps summed.
+
+    The bands overlap in ceil(width / stride) shifted copies; adding those few shifted
+    slices beats ``unfold``'s generic backward by far."""
+    chunk, groups, width, dim = bands.shape
+    shifts = -(-width // band.stride)
+    if shifts * band.stride != width:
+        bands = F.pad(bands, (0, 0, 0, shifts * band.stride - width))
+    bands = bands.view(chunk, groups, shifts, band.stride, dim)
+    if shifts == 1:
+        out = bands.view(chunk, -1, dim)
     else:
-        needed = (((plan.num_blocks - 1) * plan.block) >> band.level) + band.width
-    pad_right = max(needed - band.left - size, 0)
-    padded = F.pad(level_kv, (0, 0, band.left, pad_right))
-    if band.per_block > 1:
-        # materialised: batched matmuls over overlapping strided views fall back to slow loops
-        return padded.unfold(2, band.width, band.per_block).transpose(-1, -2).contiguous()
-    starts = (torch.arange(plan.num_blocks, device=level_kv.device) * plan.block) >> band.level
-    return padded.unfold(2, band.width, 1).transpose(-1, -2)[:, :, starts]
+        out = bands.new_zeros(chunk, groups + shifts - 1, band.stride, dim)
+        for shift in range(shifts):
+            out[:, shift:shift + groups] += bands[:, :, shift]
+        out = out.view(chunk, -1, dim)
+    end = band.left + band.size
+    if out.size(1) < end:
+        out = F.pad(out, (0, 0, 0, end - out.size(1)))
+    return out[:, band.left:end]
+
+
+def _for_each_band(queries: _QuerySet, matrix: torch.Tensor):
+    """Yield (band, its columns of ``matrix`` [C, P, W], the number of query groups)."""
+    for band in queries.keys:
+        yield band, matrix[..., band.column:band.column + band.width], queries.padded // band.group
+
+
+def _scores(qs, key, rel_key, absent, queries: _QuerySet) -> torch.Tensor:
+    """[C, P, W] scores of the (scaled, padded) rows of a query set; -inf where no edge."""
+    chunk, padded, dim = qs.shape
+    parts = []
+    for band in queries.keys:
+        keys = _nodes(key, band)
+        if band.full:
+            parts.append(qs @ keys.transpose(-1, -2))
+            continue
+        groups = padded // band.group
+        scores = qs.view(chunk, groups, band.group, dim) @ _band(keys, band, groups).transpose(-1, -2)
+        parts.append(scores.view(chunk, padded, band.width))
+    scores = torch.cat(parts, -1)
+    if rel_key is not None:  # q . rel_key[type], and -inf off the graph, in one gather
+        table = F.pad(qs @ rel_key.transpose(0, 1), (0, 1), value=float("-inf"))
+        scores += torch.gather(table, -1, queries.column_type.expand(chunk, -1, -1))
+    else:
+        scores.masked_fill_(queries.no_edge, float("-inf"))
+    if absent is not None:
+        scores.masked_fill_(absent, float("-inf"))
+    return scores
+
+
+def _attend(out, probs, value, queries: _QuerySet) -> None:
+    """out [C, P, D] += probs [C, P, W] @ (the value bands)."""
+    dim = out.size(-1)
+    for band, p, groups in _for_each_band(queries, probs):
+        values = _nodes(value, band)
+        if band.full:
+            out.baddbmm_(p, values)
+        else:
+            out.view(-1, band.group, dim).baddbmm_(
+                p.reshape(-1, band.group, band.width),
+                _band(values, band, groups).reshape(-1, band.width, dim))
+
+
+def _grad_probs_and_values(d_out, probs, value, grad_value, queries: _QuerySet) -> torch.Tensor:
+    """Gradient of the probabilities ([C, P, W]); adds each key level's value gradient."""
+    chunk, padded, dim = d_out.shape
+    parts = []
+    for band, p, groups in _for_each_band(queries, probs):
+        values = _nodes(value, band)
+        if band.full:
+            parts.append(d_out @ values.transpose(-1, -2))
+            _nodes(grad_value, band).baddbmm_(p.transpose(-1, -2), d_out)
+            continue
+        d_group = d_out.view(chunk, groups, band.group, dim)
+        parts.append((d_group @ _band(values, band, groups).transpose(-1, -2))
+                     .view(chunk, padded, band.width))
+        p = p.reshape(chunk, groups, band.group, band.width)
+        _nodes(grad_value, band).add_(_unband(p.transpose(-1, -2) @ d_group, band))
+    return torch.cat(parts, -1)
+
+
+def _grad_queries_and_keys(d_scores, qs, key, grad_key, queries: _QuerySet) -> torch.Tensor:
+    """Gradient of the scaled queries ([C, P, D]); adds each key level's key gradient."""
+    chunk, padded, dim = qs.shape
+    d_qs = qs.new_zeros(qs.shape)
+    for band, d, groups in _for_each_band(queries, d_scores):
+        keys = _nodes(key, band)
+        if band.full:
+            d_qs.baddbmm_(d, keys)
+            _nodes(grad_key, band).baddbmm_(d.transpose(-1, -2), qs)
+            continue
+        d = d.reshape(chunk, groups, band.group, band.width)
+        d_qs.view(-1, band.group, dim).baddbmm_(
+            d.reshape(-1, band.group, band.width), _band(keys, band, groups).reshape(-1, band.width, dim))
+        q_group = qs.view(chunk, groups, band.group, dim)
+        _nodes(grad_key, band).add_(_unband(d.transpose(-1, -2) @ q_group, band))
+    return d_qs
+
+
+def _presence(key_padding_mask, queries: _QuerySet):
+    """([B, P, W] bool absent key of each column or None, [B, P] bool row has a key or None)."""
+    if key_padding_mask is None:
+        return None, (None if bool(queries.has_edge.all()) else queries.has_edge.unsqueeze(0))
+    bsz, parts = key_padding_mask.size(0), []
+    for band in queries.keys:
+        absent = _nodes(key_padding_mask, band)
+        if band.full:
+            parts.append(absent[:, None, :].expand(bsz, queries.padded, band.size))
+            continue
+        groups = queries.padded // band.group
+        need = (groups - 1) * band.stride + band.width
+        absent = F.pad(absent, (band.left, max(need - band.left - band.size, 0)), value=True)
+        bands = absent.unfold(1, band.width, band.stride)[:, :groups]
+        parts.append(bands[:, :, None, :].expand(bsz, groups, band.group, band.width)
+                     .reshape(bsz, queries.padded, band.width))
+    absent = torch.cat(parts, -1)
+    return absent, queries.has_edge & ~(absent | queries.no_edge).all(-1)
+
+
+SCORES_PER_CHUNK = 1 << 20  # scores handled at once: 4 MB in fp32, sized to stay in cache
+
+
+def _chunks(rows: int, queries: _QuerySet):
+    step = max(1, SCORES_PER_CHUNK // (queries.padded * queries.num_columns))
+    return [slice(start, start + step) for start in range(0, rows, step)]
+
+
+def _gather_rows(x: torch.Tensor, queries: _QuerySet) -> torch.Tensor:
+    """[C, N, D] node states -> [C, P, D] rows of the set (zeros in empty slots)."""
+    count = queries.filled.numel()
+    if queries.first_node >= 0:  # consecutive nodes (the tokens): a slice
+        rows = x[:, queries.first_node:queries.first_node + count]
+        return rows if count == queries.padded else F.pad(rows, (0, 0, 0, queries.padded - count))
+    rows = x.new_zeros(x.size(0), queries.padded, x.size(2))
+    return rows.index_copy_(1, queries.filled, x.index_select(1, queries.filled_nodes))
+
+
+def _scatter_rows(out: torch.Tensor, rows: torch.Tensor, queries: _QuerySet) -> None:
+    """The inverse of ``_gather_rows``: out[:, node of each filled slot] = that slot's row."""
+    count = queries.filled.numel()
+    if queries.first_node >= 0:
+        out[:, queries.first_node:queries.first_node + count] = rows[:, :count]
+    else:
+        out.index_copy_(1, queries.filled_nodes, rows.index_select(1, queries.filled))
+
+
+class _TreeAttention(torch.autograd.Function):
+    """All queries of a tree graph, set by set: band GEMMs, one softmax per row, and a
+    hand-written backward.
+
+    Sentences x heads are processed in chunks of about ``SCORES_PER_CHUNK`` scores, so the
+    score matrix, the key/value bands and the softmax stay in cache: on CPU this op is bound
+    by memory traffic, not FLOPs. The backward reuses the saved probabilities and rebuilds
+    the bands instead of letting autograd keep every intermediate."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, rel_key, key_padding_mask, plan, scale, dropout_p):
+        bsz, heads, num_nodes, dim = query.shape
+        rows = bsz * heads
+        # contiguous (sentence x head)-major rows: every chunk is one block of memory
+        query, key, value = (x.reshape(rows, num_nodes, dim).contiguous()
+                             for x in (query, key, value))
+        # every node is a row of some set, unless a set without edges was left out of the plan
+        covered = sum(queries.filled.numel() for queries in plan) == num_nodes
+        out = (query.new_empty if covered else query.new_zeros)(rows, num_nodes, dim)
+        saved = []
+        for queries in plan:
+            qs = _gather_rows(query, queries) * scale
+            absent, has_key = _presence(key_padding_mask, queries)
+            probs = qs.new_empty(rows, queries.padded, queries.num_columns)
+            keep = (None if dropout_p == 0
+                    else torch.empty_like(probs, dtype=torch.bool).bernoulli_(1 - dropout_p))
+            set_out = qs.new_zeros(rows, queries.padded, dim)
+            for chunk in _chunks(rows, queries):
+                sentence = torch.arange(rows, device=qs.device)[chunk] // heads
+                scores = _scores(qs[chunk], key[chunk], rel_key,
+                                 None if absent is None else absent[sentence], queries)
+                if has_key is not None:  # no present key: any finite row, its output is zeroed
+                    scores.masked_fill_(~has_key[sentence % has_key.size(0)].unsqueeze(-1), 0.0)
+                p = torch._softmax(scores, -1, False, out=probs[chunk])
+                if keep is not None:
+                    p = p * keep[chunk] / (1 - dropout_p)
+                _attend(set_out[chunk], p, value[chunk], queries)
+            if has_key is not None:
+                set_out.view(-1, heads, queries.padded, dim).mul_(
+                    has_key[:, None, :, None].to(set_out.dtype))
+            _scatter_rows(out, set_out, queries)
+            saved += [probs, keep, has_key]
+        ctx.save_for_backward(query, key, value, rel_key, *saved)
+        ctx.plan, ctx.scale, ctx.dropout_p, ctx.heads = plan, scale, dropout_p, heads
+        return out.view(bsz, heads, num_nodes, dim)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        query, key, value, rel_key, *saved = ctx.saved_tensors
+        scale, dropout_p = ctx.scale, ctx.dropout_p
+        bsz, heads, num_nodes, dim = grad_out.shape
+        rows = bsz * heads
+        grad_out = grad_out.reshape(rows, num_nodes, dim)
+        covered = sum(queries.filled.numel() for queries in ctx.plan) == num_nodes
+        grad_query = (query.new_empty if covered else query.new_zeros)(rows, num_nodes, dim)
+        grad_key, grad_value = (query.new_zeros(rows, num_nodes, dim) for _ in range(2))
+        grad_rel = None if rel_key is None else torch.zeros_like(rel_key)
+        for index, queries in enumerate(ctx.plan):
+            probs, keep, has_key = saved[3 * index:3 * index + 3]
+            qs = _gather_rows(query, queries) * scale
+            d_out = _gather_rows(grad_out, queries)
+            if has_key is not None:
+                d_out = (d_out.view(-1, heads, queries.padded, dim)
+                         * has_key[:, None, :, None].to(d_out.dtype)).view_as(d_out)
+            d_query = qs.new_empty(qs.shape)
+            for chunk in _chunks(rows, queries):
+                p = probs[chunk]
+                dropped = p if keep is None else p * keep[chunk] / (1 - dropout_p)
+                d_probs = _grad_probs_and_values(d_out[chunk], dropped, value[chunk],
+                                                 grad_value[chunk], queries)
+                if keep is not None:
+                    d_probs = d_probs * keep[chunk] / (1 - dropout_p)
+                d_scores = torch._softmax_backward_data(d_probs, p, -1, p.dtype, grad_input=d_probs)
+                d_qs = _grad_queries_and_keys(d_scores, qs[chunk], key[chunk], grad_key[chunk], queries)
+                if rel_key is not None:
+                    num_types = rel_key.size(0)
+                    d_table = d_scores.new_zeros(*d_scores.shape[:2], num_types + 1)
+                    d_table.scatter_add_(-1, queries.column_type.expand_as(d_scores), d_scores)
+                    d_table = d_table[..., :num_types].reshape(-1, num_types)
+                    d_qs.view(-1, dim).addmm_(d_table, rel_key)
+                    grad_rel.addmm_(d_table.transpose(0, 1), qs[chunk].reshape(-1, dim))
+                d_query[chunk] = d_qs
+            _scatter_rows(grad_query, d_query.mul_(scale), queries)
+        shape = (bsz, heads, num_nodes, dim)
+        return (grad_query.view(shape), grad_key.view(shape), grad_value.view(shape), grad_rel,
+                None, None, None, None)
 
 
 def tree_block_attention(query, key, value, graph, rel_key=None, key_padding_mask=None,
-                         dropout_p=0.0, scale=None, block: int = 64) -> torch.Tensor:
-    """Fast exact path for binary-partition-tree graphs (see the module docstring)."""
-    tree = graph.tree
-    bsz, heads, num_nodes, dim = query.shape
+                         dropout_p=0.0, scale=None, min_group: int = 32,
+                         max_group: int = 64) -> torch.Tensor:
+    """Fast exact path for graphs laid out as a tree (``graph.tree``; see the module docstring).
+
+    min_group / max_group: the fewest tokens a query group covers, and the most queries it
+    may hold (see ``_tree_plan``); the defaults are the fastest measured on CPU."""
     if scale is None:
-        scale = dim ** -0.5
-    n, offsets, sizes = tree.num_tokens, tree.level_offsets, tree.level_sizes
-    block = min(block, 1 << max(n - 1, 0).bit_length())
-    plan = _block_plan(graph, block)
-    plan_type = graph._cache.setdefault(("plan_type", block, str(query.device)),
-                                        plan.edge_type.to(query.device))
-    padded_tokens = plan.num_blocks * block
-    present = (~key_padding_mask if key_padding_mask is not None
-               else torch.ones(bsz, num_nodes, dtype=torch.bool, device=query.device))
-    # split once: per-level slices of the full tensors would each cost a full-size gradient
-    q_levels, k_levels, v_levels = (x.split(sizes, dim=2) for x in (query, key, value))
-    present_levels = present.split(sizes, dim=1)
-
-    # token queries: one dense score block per (query block, level)
-    q_blocks = F.pad(q_levels[0], (0, 0, 0, padded_tokens - n)).view(
-        bsz, heads, plan.num_blocks, block, dim)
-    scores, present_cols, value_windows = [], [], []
-    for band in plan.bands:
-        j = band.level
-        scores.append(q_blocks @ _windows(k_levels[j], band, plan).transpose(-1, -2))
-        value_windows.append(_windows(v_levels[j], band, plan))
-        level_present = present_levels[j][:, None, :, None].to(query.dtype)
-        present_cols.append(_windows(level_present, band, plan)[:, 0, :, :, 0] > 0)
-    scores = torch.cat(scores, -1)  # [B, H, blocks, block, W]
-    if rel_key is not None:
-        q_rel = q_blocks @ rel_key.transpose(0, 1)  # [B, H, blocks, block, T]
-        edge_type = plan_type.clamp_min(0).expand(bsz, heads, -1, -1, -1)
-        scores = scores + torch.gather(q_rel, -1, edge_type)
-    valid = (plan_type >= 0) & torch.cat(present_cols, -1).unsqueeze(2)  # [B, blocks, block, W]
-    probs = _masked_softmax(scores * scale, valid.unsqueeze(1), -1)
-    probs = F.dropout(probs, p=dropout_p, training=dropout_p > 0)
-    # split, not slices: each slice's backward would allocate a full-size zero gradient;
-    # contiguous: a column slice makes the backward's transposed GEMM take a slow loop
-    token_out = 0
-    level_probs = probs.split([band.width for band in plan.bands], -1)
-    for p_level, v_win in zip(level_probs, value_windows):
-        token_out = token_out + p_level.contiguous() @ v_win
-    outputs = [token_out.reshape(bsz, heads, padded_tokens, dim)[:, :, :n]]
-
-    # span queries: level j node m attends to its 2^j tokens, read as a reshaped view of the
-    # tokens padded once to 2^L; the (few) span queries are padded to match instead
-    tokens_pow2 = 1 << (len(sizes) - 1)
-    k_tok = F.pad(k_levels[0], (0, 0, 0, tokens_pow2 - n))
-    v_tok = F.pad(v_levels[0], (0, 0, 0, tokens_pow2 - n))
-    tok_present = F.pad(present_levels[0], (0, tokens_pow2 - n))
-    for j in range(1, len(sizes)):
-        size, span, rows = sizes[j], 1 << j, tokens_pow2 >> j
-        q_span = F.pad(q_levels[j], (0, 0, 0, rows - size))
-        k_view = k_tok.view(bsz, heads, rows, span, dim)
-        s = (q_span.unsqueeze(-2) @ k_view.transpose(-1, -2)).squeeze(-2)  # [B, H, rows, span]
-        if rel_key is not None:
-            s = s + (q_span @ rel_key[tree.ancestor_types[j]]).unsqueeze(-1)
-        valid_span = tok_present.view(bsz, 1, rows, span)
-        if tree.span_self_loop:
-            self_key = F.pad(k_levels[j], (0, 0, 0, rows - size))
-            if rel_key is not None:
-                self_key = self_key + rel_key[tree.self_type]
-            s = torch.cat([s, (q_span * self_key).sum(-1, keepdim=True)], -1)
-            self_present = F.pad(present_levels[j], (0, rows - size)).view(bsz, 1, rows, 1)
-            valid_span = torch.cat([valid_span, self_present], -1)
-        p = _masked_softmax(s * scale, valid_span, -1)
-        p = F.dropout(p, p=dropout_p, training=dropout_p > 0)
-        span_out = (p[..., :span].unsqueeze(-2) @ v_tok.view(bsz, heads, rows, span, dim)).squeeze(-2)
-        if tree.span_self_loop:
-            span_out = span_out + p[..., span:] * F.pad(v_levels[j], (0, 0, 0, rows - size))
-        outputs.append(span_out[:, :, :size])
-    return torch.cat(outputs, 2)
+        scale = query.size(-1) ** -0.5
+    plan = _tree_plan(graph, min_group, max_group, query.device)
+    return _TreeAttention.apply(query, key, value, rel_key, key_padding_mask, plan, scale,
+                                dropout_p)
