@@ -16,7 +16,6 @@ from fairseq_plugins.models.transformer_slowfast import (
 from fairseq_plugins.modules.boundary_relative_attention import (
     AddToDiagonals,
     BoundaryRelativeSelfAttention,
-    attention_groups,
     band_relation_types,
     boundary_band,
     boundary_relation_types,
@@ -26,6 +25,7 @@ from fairseq_plugins.modules.cross_granularity_fusion import (
     build_fusion,
     characters_to_subwords,
 )
+from fairseq_plugins.modules.length_groups import length_groups
 from fairseq_plugins.modules.word_graph_convolution import (
     WordGraph,
     WordGraphConvolution,
@@ -121,30 +121,6 @@ def test_relative_attention_fast_path_equals_reference_and_ignores_padding():
         plain(x.float(), pad, band)
     with pytest.raises(ValueError, match="divisible"):
         BoundaryRelativeSelfAttention(16, 3)
-
-
-def test_attention_in_length_groups_equals_the_whole_batch():
-    torch.manual_seed(0)
-    d = _dictionary()
-    layer = build_model(d).encoder.fast_layers[0].double()
-    lengths = [3, 30, 4, 28, 5, 29, 6, 31, 2, 27]
-    width = max(lengths)
-    pad = torch.arange(width).view(1, -1) >= torch.tensor(lengths).view(-1, 1)
-    word_ids = torch.arange(width).div(4, rounding_mode="floor").expand(len(lengths), -1).masked_fill(pad, -1)
-    band = boundary_band(word_ids, 3)
-    groups = attention_groups(pad, band)
-    assert len(groups) == 4 and [len(g.index) for g in groups] == [3, 3, 2, 2]
-    assert attention_groups(pad, band, max_groups=8)[0].index is None  # too few sentences to split
-    whole = attention_groups(pad.flip(1), None)  # left-padded: never trimmed
-    assert len(whole) == 1 and whole[0].index is None
-    x = torch.randn(width, len(lengths), 8, dtype=torch.float64, requires_grad=True)
-    weight = torch.randn_like(x) * ~pad.t().unsqueeze(2)  # only real positions are read
-    split = layer.attend(x, pad, groups)
-    reference = layer.attend(x, pad, [groups[0]._replace(index=None, length=width, padding_mask=pad, band=band)])
-    assert torch.allclose(split[~pad.t()], reference[~pad.t()])
-    params = [x, *layer.self_attn.parameters()]
-    for a, b in zip(torch.autograd.grad((split * weight).sum(), params), torch.autograd.grad((reference * weight).sum(), params)):
-        assert torch.allclose(a, b)
 
 
 @pytest.mark.parametrize("method", FUSION_METHODS)
@@ -280,6 +256,44 @@ def test_a_sentence_encodes_the_same_alone_and_in_a_padded_batch(options):
         real = out[:, i][~mask[i]]
         assert real.shape == alone.shape
         assert torch.allclose(real, alone, atol=1e-5), options
+
+
+def test_length_groups_split_only_when_it_pays():
+    lengths = torch.tensor([3, 30, 4, 28, 5, 29, 6, 31, 2, 27])
+    pad = torch.arange(31).view(1, -1) >= lengths.view(-1, 1)
+    groups = length_groups(pad)
+    assert [index.tolist() for index, _ in groups] == [[8, 0, 2], [4, 6, 9], [3, 5], [1, 7]]
+    assert [size for _, size in groups] == [4, 27, 29, 31]
+    assert length_groups(pad, max_groups=1) == [(None, 31)]
+    assert length_groups(pad[:6]) == [(None, 31)]  # too few sentences
+    assert length_groups(pad.flip(1)) == [(None, 31)]  # left-padded
+    assert length_groups(torch.zeros(10, 31, dtype=torch.bool)) == [(None, 31)]  # nothing to save
+
+
+@pytest.mark.parametrize("options", ABLATIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "default")
+def test_the_fast_branch_in_length_groups_equals_one_batch(options):
+    """Ten sentences of very different character lengths: the fast branch runs in four
+    groups; outputs and gradients match the ungrouped run."""
+    d = _dictionary()
+    sentences = ["dog", "a swi@@ ss bicy@@ cle runs fast@@ er the dog runs fast@@ er", "the", "a dog runs",
+                 "bicy@@ cle", "swi@@ ss dog runs a bicy@@ cle fast@@ er the dog", "runs", "the swi@@ ss dog",
+                 "a", "fast@@ er bicy@@ cle the swi@@ ss dog runs fast@@ er a dog"]  # fmt: skip
+    src = _batch(d, sentences)
+    if options.get("fast_input", "char") == "char":
+        assert len(length_groups(build_model(d).encoder.characters(src).padding_mask)) == 4
+    results = []
+    for groups in (4, 1):
+        model = build_model(d, **options)
+        if not options.get("no_fast_branch"):
+            model.encoder.max_fast_groups = groups
+        out = model.encoder(src)
+        real = out["encoder_out"][0].transpose(0, 1)[~out["encoder_padding_mask"][0]]
+        weight = torch.randn(real.shape, generator=torch.Generator().manual_seed(0))
+        grads = torch.autograd.grad((real * weight).sum(), list(model.encoder.parameters()), allow_unused=True)
+        results.append((real, grads))
+    assert torch.allclose(results[0][0], results[1][0], atol=1e-5)
+    for a, b in zip(results[0][1], results[1][1]):
+        assert (a is None) == (b is None) and (a is None or torch.allclose(a, b, atol=1e-5))
 
 
 def test_random_boundaries_and_training_mode_run_forward_and_backward():

@@ -13,7 +13,7 @@ import copy
 import math
 import os
 import re
-from typing import Optional, Set
+from typing import NamedTuple, Optional, Set
 
 import torch
 from torch import nn
@@ -27,10 +27,11 @@ from fairseq.models.transformer.transformer_legacy import (
 )
 from fairseq.modules import FairseqDropout, LayerNorm, PositionalEmbedding
 
-from fairseq_plugins.modules.boundary_relative_attention import attention_groups, boundary_band
+from fairseq_plugins.modules.boundary_relative_attention import boundary_band
 from fairseq_plugins.modules.cross_granularity_fusion import FUSION_METHODS, build_fusion
-from fairseq_plugins.modules.slowfast_encoder_layer import FastBranchEncoderLayer, SlowFastEncoderLayer
+from fairseq_plugins.modules.length_groups import length_groups, merge, take
 from fairseq_plugins.modules.sentencepiece_fast_input import PAD_UNIT, SentencePieceFastInput, piece_count
+from fairseq_plugins.modules.slowfast_encoder_layer import FastBranchEncoderLayer, SlowFastEncoderLayer
 from fairseq_plugins.modules.subword_characters import PAD_CHAR, FastBranchInput, SubwordCharacterTable
 from fairseq_plugins.modules.word_graph_convolution import WordGraph
 
@@ -80,6 +81,18 @@ def random_word_ids(word_ids: torch.Tensor) -> torch.Tensor:
     ends = (torch.rand(word_ids.shape, device=word_ids.device) < rate) & valid
     ids = torch.cumsum(ends.long(), 1) - ends.long()
     return ids.masked_fill(~valid, -1)
+
+
+class FastGroup(NamedTuple):
+    """The fast branch's input for the sentences ``index`` of the batch (None: all of
+    them), trimmed to the longest of them (``length_groups``)."""
+
+    index: Optional[torch.Tensor]
+    tokens: torch.Tensor  # Bg x Lg
+    padding_mask: Optional[torch.Tensor]  # Bg x Lg, None without padding
+    graph: Optional[WordGraph]  # the F-GCN's word graph (None: no boundaries)
+    band: Optional[torch.Tensor]  # boundary PE relations (None: no boundary PE)
+    subword_ids: torch.Tensor  # Bg x Lg
 
 
 def boundary_pe_window(cfg) -> Optional[int]:
@@ -139,6 +152,7 @@ class SlowFastEncoder(TransformerEncoderBase):
         slow_dim, fast_dim = cfg.encoder.embed_dim, cfg.fast_embed_dim
         self.fast_input = cfg.fast_input
         self.fast_boundaries = cfg.fast_boundaries
+        self.max_fast_groups = 4  # sub-batches of similar length the fast branch runs in (length_groups)
         self.boundary_pe_window = boundary_pe_window(cfg)
         self.output = cfg.slowfast_encoder_output
 
@@ -221,11 +235,25 @@ class SlowFastEncoder(TransformerEncoderBase):
             return self.characters.subword_input(src_tokens)
         return self.sentencepiece(src_tokens, *self.characters.subword_word_boundaries(src_tokens))
 
-    def forward_fast_embedding(self, tokens):
+    def fast_group(self, fast: FastBranchInput, word_ids, index: Optional[torch.Tensor], size: int) -> FastGroup:
+        tokens, mask, word_ids, subword_ids = (
+            take(t, index, size) for t in (fast.tokens, fast.padding_mask, word_ids, fast.subword_ids)
+        )
+        graph = WordGraph(word_ids) if self.fast_boundaries != "none" else None
+        band = None
+        if self.boundary_pe_window is not None:
+            band = boundary_band(word_ids, self.boundary_pe_window, restrict_to_word=self.fast_boundaries != "none")
+        return FastGroup(index, tokens, mask if mask.any() else None, graph, band, subword_ids)
+
+    def forward_fast_embedding(self, tokens, padding_mask: Optional[torch.Tensor]):
+        """Time-first embedded fast units, zero at padding."""
         x = self.fast_embed_scale * self.fast_embed_tokens(tokens)
         if self.fast_embed_positions is not None:
             x = x + self.fast_embed_positions(tokens)
-        return self.fast_dropout_module(x)
+        x = self.fast_dropout_module(x)
+        if padding_mask is not None:
+            x = x * ~padding_mask.unsqueeze(-1)
+        return x.transpose(0, 1)
 
     def forward(self, src_tokens, src_lengths: Optional[torch.Tensor] = None, return_all_hiddens: bool = False, token_embeddings=None):
         padding_mask = src_tokens.eq(self.padding_idx)
@@ -237,13 +265,13 @@ class SlowFastEncoder(TransformerEncoderBase):
             fast = self.fast_branch_input(src_tokens)
             subword_word_ids = fast.subword_word_ids
             fast_word_ids = random_word_ids(fast.word_ids) if self.fast_boundaries == "random" else fast.word_ids
-            fast_graph = WordGraph(fast_word_ids) if self.fast_boundaries != "none" else None
-            band = None
-            if self.boundary_pe_window is not None:
-                band = boundary_band(fast_word_ids, self.boundary_pe_window, restrict_to_word=self.fast_boundaries != "none")
-            groups = attention_groups(fast.padding_mask, band)
-            xf = (self.forward_fast_embedding(fast.tokens) * ~fast.padding_mask.unsqueeze(-1)).transpose(0, 1)
             fast_mask = fast.padding_mask if fast.padding_mask.any() else None
+            groups = [
+                self.fast_group(fast, fast_word_ids, index, size)
+                for index, size in length_groups(fast.padding_mask, self.max_fast_groups)
+            ]
+            indices = [group.index for group in groups]
+            xf = [self.forward_fast_embedding(group.tokens, group.padding_mask) for group in groups]
         else:
             _, subword_word_ids = self.characters.subword_word_boundaries(src_tokens)
 
@@ -253,13 +281,24 @@ class SlowFastEncoder(TransformerEncoderBase):
             xs = slow_layer.forward_graph_and_attention(xs, slow_mask, slow_graph)
             if self.has_fast_branch and i < len(self.fast_layers):
                 fast_layer = self.fast_layers[i]
-                xf = fast_layer.forward_graph_and_attention(xf, fast_mask, fast_graph, groups)
-                xs, xf = (
-                    slow_layer.forward_fusion(xs, xf, fast_mask, fast.subword_ids),
-                    fast_layer.forward_fusion(xf, xs, slow_mask, fast.subword_ids),
-                )
+                xf = [
+                    fast_layer.forward_graph_and_attention(x, group.padding_mask, group.graph, group.band)
+                    for x, group in zip(xf, groups)
+                ]
+                fused_xs = xs
+                if slow_layer.fusion is not None:
+                    context = merge(xf, indices, fast.tokens.size(1))
+                    fused_xs = slow_layer.forward_fusion(xs, context, fast_mask, fast.subword_ids)
+                if fast_layer.fusion is not None:
+                    xf = [
+                        fast_layer.forward_fusion(
+                            x, take(xs, group.index, time_first=True), take(slow_mask, group.index), group.subword_ids
+                        )
+                        for x, group in zip(xf, groups)
+                    ]
+                xs = fused_xs
                 if fast_layer.has_feed_forward:
-                    xf = fast_layer.forward_feed_forward(xf)
+                    xf = [fast_layer.forward_feed_forward(x) for x in xf]
             xs = slow_layer.forward_feed_forward(xs)
             if return_all_hiddens:
                 encoder_states.append(xs)
@@ -268,6 +307,7 @@ class SlowFastEncoder(TransformerEncoderBase):
             xs = self.layer_norm(xs)
         out, out_mask = xs, padding_mask
         if self.has_fast_branch and self.output != "slow":
+            xf = merge(xf, indices, fast.tokens.size(1))
             if self.fast_layer_norm is not None:
                 xf = self.fast_layer_norm(xf)
             xf = self.fast_output_proj(xf)

@@ -14,7 +14,7 @@ are kept as a B x L x (2k + 1) band (:func:`boundary_band`) and the relative ter
 :func:`boundary_relation_types` and an explicit B x H x L x L x d key tensor.
 """
 
-from typing import List, NamedTuple, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -63,42 +63,6 @@ def band_relation_types(band: torch.Tensor) -> torch.Tensor:
     inside = offset.ge(0) & offset.lt(width)
     related = band.gather(2, offset.clamp(0, width - 1).unsqueeze(0).expand(bsz, -1, -1)) & inside
     return torch.where(related, offset.unsqueeze(0), torch.full_like(offset, width).unsqueeze(0))
-
-
-class AttentionGroup(NamedTuple):
-    """Sentences whose fast-branch self-attention is computed together, trimmed to the
-    longest of them (``index``: their batch positions, None for the whole batch)."""
-
-    index: Optional[torch.Tensor]
-    length: int
-    padding_mask: Optional[torch.Tensor]  # len(index) x length, or None without padding
-    band: Optional[torch.Tensor]  # len(index) x length x (2k + 1), or None without PE
-
-
-def attention_groups(padding_mask: torch.Tensor, band: Optional[torch.Tensor], max_groups: int = 4) -> List[AttentionGroup]:
-    """Split a right-padded batch (``padding_mask`` B x L) into up to ``max_groups`` groups
-    of similar length when that saves at least a quarter of the L^2 attention work.
-
-    Character lengths vary a lot more than the subword lengths fairseq batches by, and
-    the attention cost grows with the square of the padded length; a sentence's
-    attention only involves its own units, so the groups give the same result."""
-    bsz, length = padding_mask.shape
-    lengths = (~padding_mask).sum(1)
-    whole = [AttentionGroup(None, length, padding_mask if padding_mask.any() else None, band)]
-    if bsz < 2 * max_groups or padding_mask[:, 0].any():  # small, or left-padded (subwords as input)
-        return whole
-    sorted_lengths, order = lengths.sort()
-    chunks = [
-        (index, int(chunk[-1]))
-        for index, chunk in zip(order.tensor_split(max_groups), sorted_lengths.tensor_split(max_groups))
-    ]
-    if sum(len(index) * size**2 for index, size in chunks) > 0.75 * bsz * length**2:
-        return whole
-    groups = []
-    for index, size in chunks:
-        mask = padding_mask[index, :size]
-        groups.append(AttentionGroup(index, size, mask if mask.any() else None, None if band is None else band[index, :size]))
-    return groups
 
 
 class AddToDiagonals(torch.autograd.Function):

@@ -8,7 +8,7 @@ Both reuse fairseq's ``TransformerEncoderLayerBase`` (self-attention, FFN, norms
 dropout); the fast branch only swaps in the boundary-wise relative self-attention.
 """
 
-from typing import Callable, List, Optional
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -16,7 +16,7 @@ from torch import nn
 from fairseq.modules import LayerNorm
 from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 
-from .boundary_relative_attention import AttentionGroup, BoundaryRelativeSelfAttention
+from .boundary_relative_attention import BoundaryRelativeSelfAttention
 from .linear_self_attention import LinformerSelfAttention
 from .word_graph_convolution import WordGraph, WordGraphConvolution
 
@@ -56,15 +56,15 @@ class SlowFastEncoderLayer(TransformerEncoderLayerBase):
             x = layer_norm(x)
         return x
 
-    def attend(self, x, padding_mask, groups=None):
+    def attend(self, x, padding_mask, band=None):
         return self.self_attn(query=x, key=x, value=x, key_padding_mask=padding_mask, need_weights=False)[0]
 
-    def forward_graph_and_attention(self, x, padding_mask, graph: WordGraph, groups=None):
+    def forward_graph_and_attention(self, x, padding_mask, graph: Optional[WordGraph], band=None):
         """x: T x B x C; padding_mask: B x T (or None); graph: the batch's word graph;
-        groups: how the fast branch splits its self-attention (``attention_groups``)."""
+        band: the fast branch's boundary relations (``boundary_band``)."""
         if self.word_graph is not None:
             x = self._sublayer(x, self.word_graph_layer_norm, lambda h: self.word_graph(h, graph))
-        return self._sublayer(x, self.self_attn_layer_norm, lambda h: self.attend(h, padding_mask, groups))
+        return self._sublayer(x, self.self_attn_layer_norm, lambda h: self.attend(h, padding_mask, band))
 
     def forward_fusion(self, x, context, context_padding_mask, subword_ids):
         if self.fusion is None:
@@ -105,13 +105,5 @@ class FastBranchEncoderLayer(SlowFastEncoderLayer):
             embed_dim, cfg.encoder.attention_heads, window=cfg.boundary_pe_window, dropout=cfg.attention_dropout
         )
 
-    def attend(self, x, padding_mask, groups: Optional[List[AttentionGroup]] = None):
-        """``groups``: from ``attention_groups`` (None: the whole batch, no PE)."""
-        if groups is None:
-            return self.self_attn(x, padding_mask, None)
-        if len(groups) == 1 and groups[0].index is None:
-            return self.self_attn(x, groups[0].padding_mask, groups[0].band)
-        out = x.new_zeros(x.shape)
-        for group in groups:
-            out[: group.length, group.index] = self.self_attn(x[: group.length, group.index], group.padding_mask, group.band)
-        return out
+    def attend(self, x, padding_mask, band=None):
+        return self.self_attn(x, padding_mask, band)
