@@ -58,7 +58,7 @@ def generic(q, k, v, graph, rel, mask, scale):
 
 
 def blocked(q, k, v, graph, rel, mask, scale):
-    return tree_block_attention(q, k, v, graph, rel, mask, 0.0, scale, min_group=2, max_group=8)
+    return tree_block_attention(q, k, v, graph, rel, mask, 0.0, scale, group_tokens=2)
 
 
 def dense(q, k, v, graph, rel, mask, scale):
@@ -156,7 +156,7 @@ def test_tree_path_dropout_gradients():
 
     def attend(q, k, v, rel):
         torch.manual_seed(0)  # the same dropout mask at every call
-        return tree_block_attention(q, k, v, graph, rel, mask, 0.3, None, min_group=2, max_group=4)
+        return tree_block_attention(q, k, v, graph, rel, mask, 0.3, None, group_tokens=4)
 
     assert not torch.allclose(attend(q, k, v, rel), tree_block_attention(q, k, v, graph, rel, mask))
     assert torch.autograd.gradcheck(attend, (q, k, v, rel))
