@@ -422,22 +422,28 @@ def _nodes(x: torch.Tensor, band: _KeyBand) -> torch.Tensor:
     return x[:, band.offset:band.offset + band.size]
 
 
-def _band(x: torch.Tensor, band: _KeyBand, groups: int, fill=0.0) -> torch.Tensor:
-    """[C, size, ...] key-level values -> [C, groups, width, ...]: the band of every group."""
+def _pad_level(x: torch.Tensor, band: _KeyBand, groups: int, fill=0.0) -> torch.Tensor:
+    """[C, size, ...] key-level values, padded so that every group's band lies inside."""
+    if band.full:
+        return x
     num_bands = -(-groups // band.share)
-    need = (num_bands - 1) * band.stride + band.width
-    right = max(need - band.left - x.size(1), 0)
+    right = max((num_bands - 1) * band.stride + band.width - band.left - x.size(1), 0)
     if band.left or right:
-        pad = (0, 0) * (x.dim() - 2) + (band.left, right)
-        x = F.pad(x, pad, value=fill)
-    windows = x.unfold(1, band.width, band.stride)[:, :num_bands].movedim(-1, 2)
+        x = F.pad(x, (0, 0) * (x.dim() - 2) + (band.left, right), value=fill)
+    return x
+
+
+def _windows(padded: torch.Tensor, band: _KeyBand, groups: int) -> torch.Tensor:
+    """Padded [C, L, ...] level -> [C, groups, width, ...] view: the band of every group."""
+    num_bands = -(-groups // band.share)
+    windows = padded.unfold(1, band.width, band.stride)[:, :num_bands].movedim(-1, 2)
     if band.share > 1:  # levels coarser than a group: consecutive groups read one band
         windows = windows.repeat_interleave(band.share, dim=1)[:, :groups]
     return windows
 
 
 def _add_unbanded(target: torch.Tensor, bands: torch.Tensor, band: _KeyBand) -> None:
-    """Adjoint of ``_band``: add [C, groups, width, D] band gradients onto [C, size, D] nodes.
+    """Adjoint of ``_windows``: add [C, groups, width, D] band gradients onto [C, size, D] nodes.
 
     Column c of band b is node b * stride - left + c; the columns of one stride-wide slice
     of every band are a run of consecutive nodes, so the fold is ceil(width / stride) adds
@@ -460,12 +466,18 @@ def _add_unbanded(target: torch.Tensor, bands: torch.Tensor, band: _KeyBand) -> 
             target[:, low:high] += run[:, low - start:high - start]
 
 
-def _gather_keys(x: torch.Tensor, queries: _QuerySet, out: torch.Tensor) -> torch.Tensor:
-    """[C, N, D] -> out [C, groups, W, D]: every group's keys (or values), levels side by side."""
-    chunk, groups = x.size(0), queries.groups
-    return torch.cat([_nodes(x, band).unsqueeze(1).expand(chunk, groups, band.size, x.size(2))
-                      if band.full else _band(_nodes(x, band), band, groups)
-                      for band in queries.keys], 2, out=out)
+def _key_levels(x: torch.Tensor, queries: _QuerySet):
+    """The key levels of [C, N, D] node values that the set reads, each padded once for all
+    chunks (padding inside the chunk loop would copy every level once more per chunk)."""
+    return [_pad_level(_nodes(x, band), band, queries.groups) for band in queries.keys]
+
+
+def _gather_keys(levels, chunk: slice, queries: _QuerySet, out: torch.Tensor) -> torch.Tensor:
+    """out [C, groups, W, D]: every group's keys (or values) of the chunk, levels side by side."""
+    groups = queries.groups
+    return torch.cat([level[chunk].unsqueeze(1).expand(-1, groups, -1, -1) if band.full
+                      else _windows(level[chunk], band, groups)
+                      for band, level in zip(queries.keys, levels)], 2, out=out)
 
 
 def _scatter_keys(d_keys: torch.Tensor, grad: torch.Tensor, queries: _QuerySet) -> None:
@@ -484,7 +496,8 @@ def _presence(key_padding_mask, queries: _QuerySet):
         return None, (None if bool(queries.has_edge.all()) else queries.has_edge.unsqueeze(0))
     bsz, groups = key_padding_mask.size(0), queries.groups
     absent = torch.cat([_nodes(key_padding_mask, band)[:, None].expand(bsz, groups, band.size)
-                        if band.full else _band(_nodes(key_padding_mask, band), band, groups, True)
+                        if band.full else _windows(_pad_level(_nodes(key_padding_mask, band), band,
+                                                              groups, True), band, groups)
                         for band in queries.keys], 2)  # [B, groups, W]
     absent = absent.unsqueeze(2).expand(-1, -1, queries.group, -1).reshape(bsz, queries.padded, -1)
     return absent, queries.has_edge & ~(absent | queries.no_edge).all(-1)
@@ -554,6 +567,7 @@ class _TreeAttention(torch.autograd.Function):
                     else torch.empty_like(probs, dtype=torch.bool).bernoulli_(1 - dropout_p))
             set_out = query.new_empty(rows, queries.padded, dim)
             chunks, step = _chunks(rows, queries, dim)
+            key_levels, value_levels = _key_levels(key, queries), _key_levels(value, queries)
             gathered = query.new_empty(step, queries.groups, queries.num_columns, dim)
             scaled = query.new_empty(step, queries.padded, dim)
             for chunk in chunks:
@@ -561,7 +575,7 @@ class _TreeAttention(torch.autograd.Function):
                 buffer = gathered[:q.size(0)]
                 scores = probs[chunk]  # the scores become the probabilities in place
                 torch.matmul(_grouped(q, queries),
-                             _gather_keys(key[chunk], queries, buffer).transpose(-1, -2),
+                             _gather_keys(key_levels, chunk, queries, buffer).transpose(-1, -2),
                              out=_grouped(scores, queries))
                 if rel_key is not None:  # q . rel_key[type], and -inf off the graph, in one gather
                     table = F.pad(q @ rel_key.transpose(0, 1), (0, 1), value=float("-inf"))
@@ -576,7 +590,7 @@ class _TreeAttention(torch.autograd.Function):
                 p = torch._softmax(scores, -1, False, out=scores)
                 if keep is not None:
                     p = p * keep[chunk] / (1 - dropout_p)
-                torch.matmul(_grouped(p, queries), _gather_keys(value[chunk], queries, buffer),
+                torch.matmul(_grouped(p, queries), _gather_keys(value_levels, chunk, queries, buffer),
                              out=_grouped(set_out[chunk], queries))
             if has_key is not None:
                 set_out.unflatten(0, (-1, heads)).mul_(has_key[:, None, :, None].to(set_out.dtype))
@@ -606,6 +620,7 @@ class _TreeAttention(torch.autograd.Function):
                          * has_key[:, None, :, None].to(d_out.dtype)).flatten(0, 1)
             d_query = query.new_empty(rows, queries.padded, dim)
             chunks, step = _chunks(rows, queries, dim)
+            key_levels, value_levels = _key_levels(key, queries), _key_levels(value, queries)
             gathered, d_gathered = (query.new_empty(step, queries.groups, queries.num_columns, dim)
                                     for _ in range(2))
             d_scores_buffer = probs.new_empty(step, queries.padded, queries.num_columns)
@@ -617,7 +632,7 @@ class _TreeAttention(torch.autograd.Function):
                 q = _grouped(q_scaled, queries)
                 buffer, d_buffer, d_scores = gathered[:size], d_gathered[:size], d_scores_buffer[:size]
                 dropped = p if keep is None else p * keep[chunk] / (1 - dropout_p)
-                values = _gather_keys(value[chunk], queries, buffer)
+                values = _gather_keys(value_levels, chunk, queries, buffer)
                 torch.matmul(d_o, values.transpose(-1, -2), out=_grouped(d_scores, queries))
                 torch.matmul(_grouped(dropped, queries).transpose(-1, -2), d_o, out=d_buffer)
                 _scatter_keys(d_buffer, grad_value[chunk], queries)
@@ -626,7 +641,7 @@ class _TreeAttention(torch.autograd.Function):
                 torch._softmax_backward_data(d_scores, p, -1, p.dtype, grad_input=d_scores)
                 d_grouped = _grouped(d_scores, queries)
                 d_q = d_query[chunk]
-                torch.matmul(d_grouped, _gather_keys(key[chunk], queries, buffer),
+                torch.matmul(d_grouped, _gather_keys(key_levels, chunk, queries, buffer),
                              out=_grouped(d_q, queries))
                 torch.matmul(d_grouped.transpose(-1, -2), q, out=d_buffer)
                 _scatter_keys(d_buffer, grad_key[chunk], queries)
