@@ -143,6 +143,7 @@ def main(argv=None):
         results[name] = dict(
             params=sum(q.numel() for q in model.parameters()),
             seconds_per_update=statistics.median(times[name]),
+            seconds_each_update=times[name],  # the spread shows how noisy the machine was
             gflops_per_sentence=forward_flops(model, batch) / sentences / 1e9,
         )
     base = results["transformer"]
