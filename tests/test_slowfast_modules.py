@@ -95,6 +95,13 @@ def test_add_to_diagonals_gradients():
 
     assert torch.allclose(AddToDiagonals.apply(scores.clone(), band), dense(scores, band))
     assert torch.autograd.gradcheck(lambda s, b: AddToDiagonals.apply(s.clone(), b), (scores, band))
+    for length in range(1, 5):  # shorter than the band is wide
+        short = torch.zeros(1, length, length, dtype=torch.float64)
+        band = torch.arange(length * 7, dtype=torch.float64).view(1, length, 7)
+        out = AddToDiagonals.apply(short, band)
+        for i in range(length):
+            for j in range(length):
+                assert out[0, i, j] == (band[0, i, j - i + 3] if abs(j - i) <= 3 else 0)
 
 
 def test_relative_attention_fast_path_equals_reference_and_ignores_padding():

@@ -75,20 +75,21 @@ class AddToDiagonals(torch.autograd.Function):
         window = (band.size(-1) - 1) // 2
         ctx.window = window
         for t in range(band.size(-1)):
-            d = t - window
-            rows = band[..., max(0, -d): band.size(-2) - max(0, d), t]
-            scores.diagonal(d, -2, -1).add_(rows)
+            scores.diagonal(t - window, -2, -1).add_(band[..., AddToDiagonals.rows(t - window, band.size(-2)), t])
         ctx.mark_dirty(scores)
         return scores
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        length = grad.size(-1)
         grad_band = grad.new_zeros(*grad.shape[:-1], 2 * ctx.window + 1)
         for t in range(grad_band.size(-1)):
-            d = t - ctx.window
-            grad_band[..., max(0, -d): length - max(0, d), t] = grad.diagonal(d, -2, -1)
+            grad_band[..., AddToDiagonals.rows(t - ctx.window, grad.size(-1)), t] = grad.diagonal(t - ctx.window, -2, -1)
         return grad, grad_band
+
+    @staticmethod
+    def rows(offset: int, length: int) -> slice:
+        """The rows i with i + offset inside 0..length-1 (the diagonal ``offset``)."""
+        return slice(min(max(0, -offset), length), max(0, length - max(0, offset)))
 
 
 class BoundaryRelativeSelfAttention(nn.Module):
