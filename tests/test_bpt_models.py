@@ -113,6 +113,7 @@ def test_bad_input_raises(tmp_path):
         model.encoder(too_long, src_lengths=torch.tensor([65]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS)
 def test_train_generate_interactive(tiny_data_bin, tmp_path, arch):
     result = train_and_translate(tiny_data_bin, tmp_path / "ckpt", arch,

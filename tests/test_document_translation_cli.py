@@ -16,6 +16,8 @@ import fairseq_plugins.tasks.document_translation  # noqa: E402,F401
 from tests.cli import USER_DIR, generate, hypotheses, interactive, parse_bleu, train  # noqa: E402
 from tests.document_fixture import FIXTURE, binarized_doc_fixture  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 DOC_ARGS = ["--task", "document_translation", "--context-tokens", "32"]
 
 

@@ -89,6 +89,7 @@ def test_incremental_decoding_equals_the_teacher_forced_pass(tiny_data_bin):
         torch.testing.assert_close(step[real, 0], full[real, t])
 
 
+@pytest.mark.slow
 def test_train_generate_interactive_end_to_end(tiny_data_bin, tmp_path):
     """Paper options (no FFN, no encoder positions) plus a causal multi-scale decoder."""
     result = train_and_translate(

@@ -2,9 +2,12 @@
 characters come from src_tokens inside the model, so generate/interactive need no extra
 input files."""
 
+import pytest
 import sentencepiece
 
 from tests.cli import generate, hypotheses, interactive, train, train_and_translate
+
+pytestmark = pytest.mark.slow
 
 SLOWFAST_TINY = ["--fast-embed-dim", "16", "--fast-attention-heads", "2", "--dropout", "0.1"]
 
