@@ -189,7 +189,7 @@ def _check_inputs(query, key, value, graph, rel_key, key_padding_mask):
         raise ValueError("key_padding_mask must be a bool [B, N] tensor")
 
 
-DENSE_MAX_NODES = 64  # measured crossover with the tree path on CPU, see docs/bpt.md
+DENSE_MAX_NODES = 96  # sentences up to 48 tokens: the measured CPU crossover (docs/bpt.md)
 
 
 def _torch_backend(query, key, value, graph, rel_key, key_padding_mask, dropout_p, scale):
@@ -527,8 +527,10 @@ FLOATS_PER_CHUNK = 1 << 23  # scores + gathered keys handled at once (32 MB in f
 
 
 def _chunks(rows: int, queries: _QuerySet, dim: int):
-    """Row chunks of about FLOATS_PER_CHUNK scores and gathered keys, and one reusable
-    [rows per chunk, groups, W, D] buffer (a fresh large allocation costs page faults)."""
+    """(Row slices of about FLOATS_PER_CHUNK scores and gathered keys each, rows per slice).
+
+    The chunk buffers are allocated once at that size: on CPU a fresh large allocation
+    costs page faults on first touch."""
     per_row = queries.num_columns * (queries.padded + queries.groups * dim)
     step = min(max(1, FLOATS_PER_CHUNK // per_row), rows)
     return [slice(start, start + step) for start in range(0, rows, step)], step
@@ -590,8 +592,8 @@ class _TreeAttention(torch.autograd.Function):
                 p = torch._softmax(scores, -1, False, out=scores)
                 if keep is not None:
                     p = p * keep[chunk] / (1 - dropout_p)
-                torch.matmul(_grouped(p, queries), _gather_keys(value_levels, chunk, queries, buffer),
-                             out=_grouped(set_out[chunk], queries))
+                values = _gather_keys(value_levels, chunk, queries, buffer)
+                torch.matmul(_grouped(p, queries), values, out=_grouped(set_out[chunk], queries))
             if has_key is not None:
                 set_out.unflatten(0, (-1, heads)).mul_(has_key[:, None, :, None].to(set_out.dtype))
             _scatter_rows(out, set_out, queries)
@@ -630,7 +632,8 @@ class _TreeAttention(torch.autograd.Function):
                 size = p.size(0)
                 q_scaled = torch.mul(q_rows[chunk], scale, out=scaled[:size])
                 q = _grouped(q_scaled, queries)
-                buffer, d_buffer, d_scores = gathered[:size], d_gathered[:size], d_scores_buffer[:size]
+                buffer, d_buffer = gathered[:size], d_gathered[:size]
+                d_scores = d_scores_buffer[:size]
                 dropped = p if keep is None else p * keep[chunk] / (1 - dropout_p)
                 values = _gather_keys(value_levels, chunk, queries, buffer)
                 torch.matmul(d_o, values.transpose(-1, -2), out=_grouped(d_scores, queries))
