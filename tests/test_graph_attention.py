@@ -5,8 +5,9 @@ import torch
 
 from fairseq_plugins.graphs.binary_partition import bpt_graph, node_present, segtree_graph
 from fairseq_plugins.modules.graph_attention import (
-    AttentionGraph, csr_attention, dense_graph_attention, graph_attention, tree_block_attention,
+    AttentionGraph, csr_attention, dense_graph_attention, graph_attention,
 )
+from fairseq_plugins.modules.graph_attention_tree import tree_block_attention
 
 
 def dense_reference(q, k, v, graph, rel_key, key_padding_mask, scale):

@@ -40,6 +40,15 @@ def _wrap_layer(layer: nn.Module, cfg) -> nn.Module:
     return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not cfg.checkpoint_activations else 0)
 
 
+def _multiscale_self_attention(layer, embed_dim, cfg, causal: bool) -> MultiScaleSelfAttention:
+    """The self-attention of a multi-scale layer (its scales and block size set on the layer)."""
+    return MultiScaleSelfAttention(
+        embed_dim, layer.scales, dropout=cfg.attention_dropout, causal=causal,
+        block_size=layer.block_size, q_noise=layer.quant_noise,
+        qn_block_size=layer.quant_noise_block_size,
+    )
+
+
 class MultiScaleEncoderLayer(TransformerEncoderLayerBase):
     """Encoder layer with multi-scale self-attention; with ``drop_ffn`` the layer is the
     paper's H <- LN(H + act(MSMSA(H))) with no feed-forward block."""
@@ -55,15 +64,7 @@ class MultiScaleEncoderLayer(TransformerEncoderLayerBase):
                 delattr(self, name)
 
     def build_self_attention(self, embed_dim, cfg):
-        return MultiScaleSelfAttention(
-            embed_dim,
-            self.scales,
-            dropout=cfg.attention_dropout,
-            causal=False,
-            block_size=self.block_size,
-            q_noise=self.quant_noise,
-            qn_block_size=self.quant_noise_block_size,
-        )
+        return _multiscale_self_attention(self, embed_dim, cfg, causal=False)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # fairseq's loader switches on its fused BetterTransformer path, which would compute
@@ -98,15 +99,7 @@ class MultiScaleDecoderLayer(TransformerDecoderLayerBase):
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         if add_bias_kv or add_zero_attn or cfg.cross_self_attention:
             raise ValueError("multi-scale decoder self-attention supports neither bias_kv, zero_attn nor cross_self_attention")
-        return MultiScaleSelfAttention(
-            embed_dim,
-            self.scales,
-            dropout=cfg.attention_dropout,
-            causal=True,
-            block_size=self.block_size,
-            q_noise=self.quant_noise,
-            qn_block_size=self.quant_noise_block_size,
-        )
+        return _multiscale_self_attention(self, embed_dim, cfg, causal=True)
 
 
 def _scales_per_layer(args, side: str):
