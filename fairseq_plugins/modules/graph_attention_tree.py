@@ -158,8 +158,12 @@ def _pad_level(x: torch.Tensor, band: _KeyBand, groups: int, fill=0.0) -> torch.
         return x
     num_bands = -(-groups // band.share)
     right = max((num_bands - 1) * band.stride + band.width - band.left - x.size(1), 0)
-    if band.left or right:
-        x = F.pad(x, (0, 0) * (x.dim() - 2) + (band.left, right), value=fill)
+    if band.left or right:  # F.pad would fill the whole result first: fill only the pads
+        padded = x.new_empty(x.size(0), band.left + x.size(1) + right, *x.shape[2:])
+        padded[:, :band.left].fill_(fill)
+        padded[:, band.left:band.left + x.size(1)] = x
+        padded[:, band.left + x.size(1):].fill_(fill)
+        x = padded
     return x
 
 
