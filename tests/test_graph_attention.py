@@ -161,3 +161,25 @@ def test_tree_path_dropout_gradients():
 
     assert not torch.allclose(attend(q, k, v, rel), tree_block_attention(q, k, v, graph, rel, mask))
     assert torch.autograd.gradcheck(attend, (q, k, v, rel))
+
+
+@pytest.mark.parametrize("size,groups,share,stride,left,width", [
+    (37, 5, 1, 8, 3, 13),  # bands overhang both ends
+    (9, 4, 1, 2, 6, 11),  # every band overhangs: no inner run
+    (16, 3, 1, 4, 0, 4),  # exact tiling
+    (5, 7, 2, 1, 2, 5),  # consecutive groups share a band
+])
+def test_band_fold_is_the_adjoint_of_the_band_windows(size, groups, share, stride, left, width):
+    """The tree path's backward folds band gradients with strided adds; autograd through the
+    forward's windows (pad + unfold) is the reference."""
+    from fairseq_plugins.modules.graph_attention_tree import (
+        _KeyBand, _add_unbanded, _pad_level, _windows,
+    )
+    band = _KeyBand(0, size, False, share, stride, left, width, 0)
+    level = torch.randn(2, size, 3, dtype=torch.float64, requires_grad=True)
+    windows = _windows(_pad_level(level, band, groups), band, groups)
+    d_windows = torch.randn_like(windows)
+    (expected,) = torch.autograd.grad(windows, level, d_windows)
+    folded = torch.zeros(2, size + 4, 3, dtype=torch.float64)[:, 2:2 + size]  # a strided target
+    _add_unbanded(folded, d_windows, band)
+    torch.testing.assert_close(folded, expected)
