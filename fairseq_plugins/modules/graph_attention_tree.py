@@ -319,13 +319,18 @@ class _TreeAttention(torch.autograd.Function):
                 q = torch.mul(q_rows[chunk], scale, out=scaled[:q_rows[chunk].size(0)])
                 buffer = gathered[:q.size(0)]
                 scores = probs[chunk]  # the scores become the probabilities in place
-                torch.matmul(_grouped(q, queries),
-                             _gather_keys(key_levels, chunk, queries, buffer).transpose(-1, -2),
-                             out=_grouped(scores, queries))
-                if rel_key is not None:  # q . rel_key[type], and -inf off the graph, in one gather
+                keys = _gather_keys(key_levels, chunk, queries, buffer).flatten(0, 1)
+                keys = keys.transpose(1, 2)
+                q_groups = q.view(-1, queries.group, dim)
+                score_groups = scores.view(keys.size(0), queries.group, -1)
+                if rel_key is not None:
+                    # q . rel_key[type] (-inf off the graph) gathered into the scores, then q . k
+                    # added by the GEMM itself
                     table = F.pad(q @ rel_key.transpose(0, 1), (0, 1), value=float("-inf"))
-                    scores += torch.gather(table, -1, queries.column_type.expand_as(scores))
+                    torch.gather(table, -1, queries.column_type.expand_as(scores), out=scores)
+                    score_groups.baddbmm_(q_groups, keys)
                 else:
+                    torch.bmm(q_groups, keys, out=score_groups)
                     scores.masked_fill_(queries.no_edge, float("-inf"))
                 sentence = torch.arange(rows, device=query.device)[chunk] // heads
                 if absent is not None:
