@@ -5,7 +5,7 @@ import torch
 
 from fairseq_plugins.graphs.binary_partition import bpt_graph, node_present, segtree_graph
 from fairseq_plugins.modules.graph_attention import (
-    AttentionGraph, csr_attention, dense_graph_attention, graph_attention,
+    AttentionGraph, TreeLayout, csr_attention, dense_graph_attention, graph_attention,
 )
 from fairseq_plugins.modules.graph_attention_tree import tree_block_attention
 
@@ -137,6 +137,11 @@ def test_bad_input_raises():
         graph_attention(q, k, v, graph, backend="nonexistent")
     with pytest.raises(ValueError, match="increasing"):
         AttentionGraph(2, torch.tensor([0, 2, 2]), torch.tensor([1, 0]), torch.zeros(2, dtype=torch.long), 1)
+    with pytest.raises(ValueError, match="levels"):
+        TreeLayout(5, (5, 2))
+    with pytest.raises(ValueError, match="tree layout has 8 nodes"):
+        AttentionGraph(3, torch.tensor([0, 0, 0, 0]), torch.tensor([], dtype=torch.long),
+                       torch.tensor([], dtype=torch.long), 1, TreeLayout(5, (5, 3)))
 
 
 @pytest.mark.parametrize("name", sorted(GRAPHS))

@@ -50,6 +50,12 @@ class TreeLayout:
     num_tokens: int
     level_sizes: Tuple[int, ...]  # nodes per level, level 0 = tokens
 
+    def __post_init__(self):
+        expected = tuple(-(-self.num_tokens // (1 << j)) for j in range(len(self.level_sizes)))
+        if self.num_tokens < 1 or self.level_sizes != expected:
+            raise ValueError(f"a tree over {self.num_tokens} tokens has levels of "
+                             f"ceil(num_tokens / 2^j) nodes {expected}, got {self.level_sizes}")
+
     @property
     def level_offsets(self) -> Tuple[int, ...]:
         offsets, total = [], 0
@@ -81,6 +87,8 @@ class AttentionGraph:
             raise ValueError("edge key index out of range")
         if e and (int(self.edge_type.min()) < 0 or int(self.edge_type.max()) >= self.num_edge_types):
             raise ValueError("edge type out of range")
+        if self.tree is not None and sum(self.tree.level_sizes) != n:
+            raise ValueError(f"the tree layout has {sum(self.tree.level_sizes)} nodes, the graph {n}")
         same_row = self.rows()[1:] == self.rows()[:-1]
         if bool((self.indices.diff() <= 0)[same_row].any()):
             raise ValueError("keys must be strictly increasing within each row")

@@ -42,9 +42,11 @@ class _QuerySet:
     column_type: torch.Tensor  # [padded, W] edge type of every score column; num_edge_types = none
     no_edge: torch.Tensor  # [padded, W] bool
     has_edge: torch.Tensor  # [padded] bool; rows without one get a dummy column and zero output
-    filled: torch.Tensor  # row slots that hold a node
-    filled_nodes: torch.Tensor  # their nodes
-    first_node: int  # when the filled slots are a prefix holding consecutive nodes: the first
+    filled: int  # row slots that hold a node
+    # the slots as runs of consecutive nodes, block by block: (first node, nodes per block,
+    # nodes of the run) per level (the last block of a run may overhang its level)
+    runs: Tuple[Tuple[int, int, int], ...]
+    blocks: int
 
     @property
     def padded(self) -> int:
@@ -60,26 +62,28 @@ class _QuerySet:
 
 
 def _query_sets(tree: "TreeLayout", group_tokens: int):
-    """Row slots of the query sets: (nodes [padded], rows per unit, tokens per unit).
+    """Row slots of the query sets: (nodes [padded], rows per unit, tokens per unit, blocks,
+    runs: (first node, nodes per block, nodes) per level).
 
     Tokens form one set. Spans form tiers of log2(group_tokens) consecutive levels; a tier's
     spans are ordered block by block, where a block is the span of the tier's top level, so
     the spans under one block read the same tokens and a whole tier costs one pass over the
     keys instead of one pass per level."""
     offsets, sizes = tree.level_offsets, tree.level_sizes
-    sets = [(torch.arange(sizes[0]), 1, 1)]
+    sets = [(torch.arange(sizes[0]), 1, 1, 1, ((0, sizes[0], sizes[0]),))]
     per_tier = max(group_tokens.bit_length() - 1, 1)
     for first in range(1, len(sizes), per_tier):
         levels = range(first, min(first + per_tier, len(sizes)))
         top = levels[-1]
         blocks = -(-tree.num_tokens // (1 << top))
-        slots = []
+        slots, runs = [], []
         for i in levels:  # per block: the 2^(top - i) spans of level i under it
             per_block = 1 << (top - i)
             index = torch.arange(blocks * per_block).view(blocks, per_block)
             slots.append(torch.where(index < sizes[i], offsets[i] + index, -1))
+            runs.append((offsets[i], per_block, sizes[i]))
         slots = torch.cat(slots, 1)
-        sets.append((slots.flatten(), slots.size(1), 1 << top))
+        sets.append((slots.flatten(), slots.size(1), 1 << top, blocks, tuple(runs)))
     return sets
 
 
@@ -102,7 +106,7 @@ def _tree_plan(graph: "AttentionGraph", group_tokens: int, device) -> Tuple[_Que
     rows, cols, types = graph.rows(), graph.indices, graph.edge_type
     key_level, key_index = node_level[cols], node_index[cols]
     plan = []
-    for nodes, unit_rows, unit_tokens in _query_sets(tree, group_tokens):
+    for nodes, unit_rows, unit_tokens, blocks, runs in _query_sets(tree, group_tokens):
         tokens = max(unit_tokens, group_tokens)
         group = unit_rows * tokens // unit_tokens
         slot_of = torch.full((graph.num_nodes,), -1)
@@ -136,13 +140,10 @@ def _tree_plan(graph: "AttentionGraph", group_tokens: int, device) -> Tuple[_Que
             bands.append(_KeyBand(offset, size, full, share, stride, left, width, column))
             column += width
         column_type[~has_edge, 0] = 0  # keeps the softmax of edgeless and empty rows finite
-        filled = torch.nonzero(nodes >= 0).flatten()
-        prefix = torch.arange(filled.numel())
-        consecutive = torch.equal(filled, prefix) and torch.equal(nodes[filled], nodes[0] + prefix)
         plan.append(_QuerySet(
             nodes.to(device), group, tuple(bands), column_type.to(device),
             (column_type == graph.num_edge_types).to(device), has_edge.to(device),
-            filled.to(device), nodes[filled].to(device), int(nodes[0]) if consecutive else -1))
+            int((nodes >= 0).sum()), runs, blocks))
     graph._cache[key] = tuple(plan)
     return graph._cache[key]
 
@@ -247,23 +248,31 @@ def _presence(key_padding_mask, queries: _QuerySet):
 
 
 def _set_rows(x: torch.Tensor, queries: _QuerySet) -> torch.Tensor:
-    """[C, P, D] rows of the set: a view for a run of consecutive nodes filling every slot
-    (the tokens, mostly), else a gathered copy whose empty slots read node 0 (they have no
-    edges: their output and gradient are zeroed)."""
-    count = queries.filled.numel()
-    if queries.first_node >= 0:
-        rows = x[:, queries.first_node:queries.first_node + count]
-        return rows if count == queries.padded else F.pad(rows, (0, 0, 0, queries.padded - count))
-    return x.index_select(1, queries.nodes.clamp_min(0))
+    """[R, P, D] rows of the set: a view for one run (the tokens), else one copy of the runs
+    side by side (a parallel copy; ``index_select`` on this axis runs on one thread). A slot
+    past the end of its level reads a node of the next level (a level of ceil(n / 2^j)
+    nodes, as ``TreeLayout`` requires, keeps it in range); such slots have no edges, so their
+    output and gradient are zeroed."""
+    blocks = queries.blocks
+    runs = [x[:, first:first + blocks * per_block].unflatten(1, (blocks, per_block))
+            for first, per_block, _ in queries.runs]
+    rows = (runs[0] if len(runs) == 1 else torch.cat(runs, 2)).flatten(1, 2)
+    missing = queries.padded - rows.size(1)
+    return F.pad(rows, (0, 0, 0, missing)) if missing else rows
 
 
 def _scatter_rows(out: torch.Tensor, rows: torch.Tensor, queries: _QuerySet) -> None:
     """The inverse of ``_set_rows``: out[:, node of each filled slot] = that slot's row."""
-    count = queries.filled.numel()
-    if queries.first_node >= 0:
-        out[:, queries.first_node:queries.first_node + count] = rows[:, :count]
-    else:
-        out.index_copy_(1, queries.filled_nodes, rows.index_select(1, queries.filled))
+    unit_rows = sum(per_block for _, per_block, _ in queries.runs)
+    rows = rows[:, :queries.blocks * unit_rows].unflatten(1, (queries.blocks, unit_rows))
+    column = 0
+    for first, per_block, count in queries.runs:
+        run = rows[:, :, column:column + per_block]
+        whole = count // per_block  # blocks whose nodes all exist
+        out[:, first:first + whole * per_block].unflatten(1, (whole, per_block)).copy_(run[:, :whole])
+        if count > whole * per_block:
+            out[:, first + whole * per_block:first + count] = run[:, whole, :count - whole * per_block]
+        column += per_block
 
 
 FLOATS_PER_CHUNK = 1 << 23  # scores + gathered keys handled at once (32 MB in fp32), measured
@@ -301,7 +310,7 @@ class _TreeAttention(torch.autograd.Function):
         query, key, value = (x.reshape(rows, num_nodes, dim).contiguous()
                              for x in (query, key, value))
         # every node is a row of some set, unless a set without edges was left out of the plan
-        covered = sum(queries.filled.numel() for queries in plan) == num_nodes
+        covered = sum(queries.filled for queries in plan) == num_nodes
         out = (query.new_empty if covered else query.new_zeros)(rows, num_nodes, dim)
         saved = []
         for queries in plan:
