@@ -173,8 +173,26 @@ def main():
     args.out.with_suffix(".md").write_text(
         f"Forward+backward, {args.tokens} tokens per batch, 8 heads x 64, {args.threads} threads, "
         f"PyTorch backend vs F.scaled_dot_product_attention; fastest of {args.repeats} alternating "
-        f"rounds.\n\n{table}\n")
+        f"rounds. {machine_line()}\n\n{table}\n")
     plot(results, args)
+
+
+def machine_line() -> str:
+    """Where and with what the numbers were measured (they only compare within one run)."""
+    import datetime
+    import platform
+
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+                 if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    return (f"Measured {datetime.date.today()} on {cpu} ({torch.get_num_threads()} threads "
+            f"available to torch), torch {torch.__version__}, "
+            f"`python scripts/benchmark_graph_attention.py {' '.join(sys.argv[1:])}`.")
 
 
 def plot(results, args):
@@ -189,6 +207,8 @@ def plot(results, args):
                     label="dense (SDPA)" if k == 0 else f"BPT k={k}")
         ax.set(xscale="log", yscale="log", xlabel="sequence length n", ylabel="seconds (fwd+bwd)",
                title=f"{'attention op' if kind == 'op' else 'encoder layer'}, {args.tokens} tokens/batch")
+        ax.set_xticks(args.lengths, [str(n) for n in args.lengths])
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         ax.legend()
     fig.tight_layout()
     fig.savefig(args.out.with_suffix(".png"), dpi=100)
