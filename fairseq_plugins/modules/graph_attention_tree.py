@@ -195,7 +195,7 @@ def _add_unbanded(target: torch.Tensor, bands: torch.Tensor, band: _KeyBand) -> 
         run = min(stride, width - low)
         first = low - band.left  # node of column `low` of band 0
         # bands whose run lies inside [0, size): one strided add
-        inner_lo = max(0, -(-(-first) // stride))
+        inner_lo = max(0, -(first // stride))
         inner_hi = min(groups, (size - run - first) // stride + 1)
         if inner_lo < inner_hi:
             view = target.as_strided(
@@ -269,9 +269,10 @@ def _scatter_rows(out: torch.Tensor, rows: torch.Tensor, queries: _QuerySet) -> 
     for first, per_block, count in queries.runs:
         run = rows[:, :, column:column + per_block]
         whole = count // per_block  # blocks whose nodes all exist
-        out[:, first:first + whole * per_block].unflatten(1, (whole, per_block)).copy_(run[:, :whole])
+        end = first + whole * per_block
+        out[:, first:end].unflatten(1, (whole, per_block)).copy_(run[:, :whole])
         if count > whole * per_block:
-            out[:, first + whole * per_block:first + count] = run[:, whole, :count - whole * per_block]
+            out[:, end:first + count] = run[:, whole, :count - whole * per_block]
         column += per_block
 
 
