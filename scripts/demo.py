@@ -99,7 +99,9 @@ def train_one(entry: dict, cfg: dict, data: Path, save_dir: Path, seconds: float
            "--save-dir", str(save_dir), "--stop-time-hours", f"{seconds / 3600:.6f}",
            "--no-epoch-checkpoints", "--log-format", "simple", "--log-interval", str(log_interval),
            "--num-workers", "0", "--seed", "1", *([] if gpu else ["--cpu"])]
-    save_dir.mkdir(parents=True, exist_ok=True)
+    if save_dir.exists():  # fairseq would resume from a previous demo's checkpoint_last.pt
+        shutil.rmtree(save_dir)
+    save_dir.mkdir(parents=True)
     log_path = save_dir / "train.log"
     print(f"  training for {seconds:.0f} s; log: {log_path}", flush=True)
     lines: List[str] = []

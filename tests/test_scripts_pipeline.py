@@ -99,6 +99,10 @@ def test_generate_output_ids_must_cover_the_references(multi30k_bin, tmp_path):
 
 
 def test_demo_reduced_mode_writes_table_and_plot(tmp_path):
+    # a previous demo's run folder: a re-run starts fresh (fairseq would try to resume from it)
+    stale = tmp_path / "runs" / demo.run_name({"name": "Transformer"}) / "checkpoint_last.pt"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"a checkpoint of an earlier run")
     rows = demo.main(["--minutes", "0.3", "--archs", "transformer", "--train-sentences", "300",
                       "--test-sentences", "20", "--out", str(tmp_path), "--raw-dir", str(MULTI30K),
                       "--log-interval", "2"])
