@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fairseq_plugins.modules.heads import merge_heads, split_heads
+
 
 def boundary_relation_types(word_ids: torch.Tensor, window: int, restrict_to_word: bool = True) -> torch.Tensor:
     """B x L x L relation types: ``j - i + window`` for pairs within ``window`` (and in
@@ -148,7 +150,7 @@ class BoundaryRelativeSelfAttention(nn.Module):
             out = self._reference_attention(q, k, v, key_padding_mask, band_relation_types(band), dropout)
         else:
             out = self._banded_attention(q, k, v, key_padding_mask, band, dropout)
-        return self.out_proj(out.permute(2, 0, 1, 3).reshape(length, bsz, self.embed_dim))
+        return self.out_proj(merge_heads(out))
 
     def _banded_attention(self, q, k, v, key_padding_mask, band, dropout):
         bsz, heads, length, _ = q.shape

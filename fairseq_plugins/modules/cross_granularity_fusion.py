@@ -25,6 +25,8 @@ from torch import nn
 
 from fairseq.modules import LayerNorm, MultiheadAttention
 
+from fairseq_plugins.modules.heads import merge_heads, split_heads
+
 FUSION_METHODS = ("cga", "linear-attention", "downsample-sum", "downsample-concat")
 
 
@@ -39,9 +41,6 @@ class CrossGranularityAttention(nn.Module):
         self.k_proj = nn.Linear(context_dim, embed_dim, bias=False)  # a key bias cannot change a softmax over keys
         self.v_proj = nn.Linear(context_dim, embed_dim)
 
-    def _heads(self, x: torch.Tensor) -> torch.Tensor:
-        return x.reshape(x.size(0), x.size(1), self.num_heads, self.head_dim).permute(1, 2, 0, 3)
-
     def forward(self, x, context, context_padding_mask: Optional[torch.Tensor], subword_ids=None, reference=False):
         c = self.context_layer_norm(context)
         mask = None
@@ -49,9 +48,10 @@ class CrossGranularityAttention(nn.Module):
             mask = ~context_padding_mask.view(context_padding_mask.size(0), 1, 1, -1)
         dropout = self.dropout if self.training else 0.0
         if reference or c.size(2) >= self.head_dim:
-            q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(c)), self._heads(self.v_proj(c))
+            q = split_heads(self.q_proj(x), self.num_heads)
+            k, v = (split_heads(proj(c), self.num_heads) for proj in (self.k_proj, self.v_proj))
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
-            return out.permute(2, 0, 1, 3).reshape(x.shape)
+            return merge_heads(out)
         return self._attend_in_context_width(x, c, mask, dropout)
 
     def _attend_in_context_width(self, x, c, mask, dropout):

@@ -16,12 +16,12 @@ exact implementations:
 * ``csr_attention``: any graph; gathers one key/value per edge and does a segment softmax with
   scatter ops. Memory is linear in the number of edges (times the head dim).
 * ``tree_block_attention`` (module ``graph_attention_tree``): graphs laid out over a
-  binary-partition tree (``graph.tree`` is set: tokens, then levels 1, 2, ...). Queries are grouped (tokens by their ancestor at each
-  level; spans by tiers of levels, block by block), and the keys a group reads at one level
-  form a narrow band of that level, so each (group, level) pair is one small dense GEMM and no
-  per-edge gather is needed. It runs in cache-sized chunks with a hand-written backward: on
-  CPU the op is bound by memory traffic. This is the path for every sentence longer than a
-  few dozen tokens.
+  binary-partition tree (``graph.tree`` is set: tokens, then levels 1, 2, ...). Queries are
+  grouped (tokens in runs of 32; spans in tiers of levels, block by block) so that the keys a
+  group reads at each level form a narrow band of that level; the bands of all levels side
+  by side are the group's score columns, one batched GEMM per product and no per-edge
+  gather. It runs in cache-sized chunks with a hand-written backward: on CPU the op is bound
+  by memory traffic. This is the path for every sentence longer than a few dozen tokens.
 
 The CUDA backend lives in ``graph_attention_cuda`` (imported lazily) and registers itself as
 ``"cuda"``; it reads the int32 CSR and the transposed CSR cached on the graph.

@@ -342,7 +342,8 @@ class _TreeAttention(torch.autograd.Function):
                 else:
                     torch.bmm(q_groups, keys, out=score_groups)
                     scores.masked_fill_(queries.no_edge, float("-inf"))
-                sentence = torch.arange(rows, device=query.device)[chunk] // heads
+                if absent is not None or has_key is not None:
+                    sentence = torch.arange(rows, device=query.device)[chunk] // heads
                 if absent is not None:
                     scores.masked_fill_(absent[sentence], float("-inf"))
                 if has_key is not None:  # no present key: any finite row, its output is zeroed

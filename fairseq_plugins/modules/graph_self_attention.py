@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from fairseq_plugins.modules.graph_attention import AttentionGraph, csr_attention, graph_attention
+from fairseq_plugins.modules.heads import merge_heads, split_heads
 
 
 @dataclass(frozen=True)
@@ -75,9 +76,6 @@ class GraphSelfAttention(nn.Module):
         finally:
             self._bound = previous
 
-    def _heads(self, x: Tensor) -> Tensor:  # [T, B, C] -> [B, H, T, D]
-        return x.view(x.size(0), x.size(1), self.num_heads, self.head_dim).permute(1, 2, 0, 3)
-
     def forward(self, query: Tensor, key: Optional[Tensor] = None, value: Optional[Tensor] = None,
                 key_padding_mask: Optional[Tensor] = None,
                 incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
@@ -93,7 +91,7 @@ class GraphSelfAttention(nn.Module):
         for other in (key, value):
             if other is not None and other is not query:
                 raise ValueError("graph self-attention attends over the query nodes themselves")
-        q, k, v = (self._heads(proj(query)) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = (split_heads(proj(query), self.num_heads) for proj in (self.q_proj, self.k_proj, self.v_proj))
         dropout = self.dropout if self.training else 0.0
         if incremental_state is None:
             if not isinstance(self._bound, AttentionGraph):
@@ -113,7 +111,7 @@ class GraphSelfAttention(nn.Module):
             self._set_input_buffer(incremental_state, {"prev_key": k, "prev_value": v})
             out = csr_attention(q, k, v, step.indptr, step.indices, step.edge_type, self.rel_key,
                                 None, dropout)
-        out = out.permute(2, 0, 1, 3).reshape(query.shape)
+        out = merge_heads(out)
         return self.out_proj(out), None
 
     # fairseq incremental-state hooks (the decoder layer and beam search call these)

@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fairseq_plugins.modules.heads import merge_heads, split_heads
+
 
 class LinformerSelfAttention(nn.Module):
     """``forward(x, key_padding_mask, band=None)`` with x T x B x C (fairseq layout),
@@ -46,10 +48,6 @@ class LinformerSelfAttention(nn.Module):
         nn.init.xavier_uniform_(self.key_compression)
         nn.init.xavier_uniform_(self.value_compression)
 
-    def _heads(self, x: torch.Tensor) -> torch.Tensor:
-        length, bsz, _ = x.shape
-        return x.reshape(length, bsz, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
-
     @staticmethod
     def _compress(x: torch.Tensor, projection: torch.Tensor, positions: torch.Tensor, real: torch.Tensor):
         """T x B x C -> k x B x C along the sequence: column ``positions[t, b]`` of the
@@ -68,8 +66,8 @@ class LinformerSelfAttention(nn.Module):
             )
         real = x.new_ones(length, bsz, dtype=torch.bool) if key_padding_mask is None else ~key_padding_mask.t()
         positions = (torch.cumsum(real.long(), 0) - 1).clamp(min=0)  # T x B, from each sentence's start
-        q = self._heads(self.q_proj(x))
-        k = self._heads(self._compress(self.k_proj(x), self.key_compression, positions, real))
-        v = self._heads(self._compress(self.v_proj(x), self.value_compression, positions, real))
+        q = split_heads(self.q_proj(x), self.num_heads)
+        k = split_heads(self._compress(self.k_proj(x), self.key_compression, positions, real), self.num_heads)
+        v = split_heads(self._compress(self.v_proj(x), self.value_compression, positions, real), self.num_heads)
         out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
-        return self.out_proj(out.permute(2, 0, 1, 3).reshape(length, bsz, self.embed_dim))
+        return self.out_proj(merge_heads(out))

@@ -33,6 +33,8 @@ import torch.nn.functional as F
 from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
+from fairseq_plugins.modules.heads import merge_heads, split_heads
+
 
 @dataclass(frozen=True)
 class Scale:
@@ -335,11 +337,7 @@ class MultiScaleSelfAttention(MultiheadAttention):
         if incremental_state is not None and not self.causal:
             raise ValueError("incremental decoding needs causal=True")
 
-        length, batch, _ = query.shape
-        q, k, v = (
-            proj(query).view(length, batch, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
-            for proj in (self.q_proj, self.k_proj, self.v_proj)
-        )
+        q, k, v = (split_heads(proj(query), self.num_heads) for proj in (self.q_proj, self.k_proj, self.v_proj))
         if incremental_state is not None:
             k, v, key_padding_mask = self._append_to_cache(incremental_state, k, v, key_padding_mask)
 
@@ -354,7 +352,7 @@ class MultiScaleSelfAttention(MultiheadAttention):
             out = multiscale_attention(
                 q, k, v, self.scales, key_padding_mask, self.causal, dropout_p, self.block_size
             )
-        out = out.permute(2, 0, 1, 3).reshape(length, batch, self.embed_dim)
+        out = merge_heads(out)
         return self.out_proj(out), weights
 
     def _append_to_cache(

@@ -21,6 +21,7 @@ from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
 from fairseq_plugins.data.document_layout import aligned_sentence_mask
+from fairseq_plugins.modules.heads import merge_heads, split_heads
 
 
 class SentenceAlignedCrossAttention(MultiheadAttention):
@@ -47,8 +48,8 @@ class SentenceAlignedCrossAttention(MultiheadAttention):
         if "prev_key" in saved:  # encoder keys/values of earlier decoding steps
             k, v = saved["prev_key"], saved["prev_value"]
         else:
-            k = self._heads(self.k_proj(key), bsz)
-            v = self._heads(self.v_proj(key), bsz)
+            k = split_heads(self.k_proj(key), self.num_heads)
+            v = split_heads(self.v_proj(key), self.num_heads)
             if incremental_state is not None:
                 saved["prev_key"], saved["prev_value"] = k, v
                 self._set_input_buffer(incremental_state, saved)
@@ -57,19 +58,15 @@ class SentenceAlignedCrossAttention(MultiheadAttention):
         if key_padding_mask.shape != (bsz, tgt_len, k.size(2)):
             raise ValueError(f"mask {tuple(key_padding_mask.shape)} does not match "
                              f"{bsz} x {tgt_len} queries x {k.size(2)} keys")
-        q = self._heads(self.q_proj(query) * self.scaling, bsz)  # B x H x T x D
+        q = split_heads(self.q_proj(query) * self.scaling, self.num_heads)  # B x H x T x D
         scores = (q @ k.transpose(-1, -2)).masked_fill(key_padding_mask.unsqueeze(1), float("-inf"))
         probs = torch.softmax(scores.float(), dim=-1).type_as(scores)
         out = self.dropout_module(probs) @ v
-        out = self.out_proj(out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, self.embed_dim))
+        out = self.out_proj(merge_heads(out))
         if not need_weights:
             return out, None
         weights = probs.transpose(0, 1)  # H x B x T x S, fairseq's layout
         return out, (weights if need_head_weights else weights.mean(dim=0))
-
-    def _heads(self, x: Tensor, bsz: int) -> Tensor:
-        """T x B x (H*D) -> B x H x T x D."""
-        return x.view(x.size(0), bsz, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
 
 
 class SourceTokensEncoderMixin:
