@@ -79,12 +79,12 @@ def write_raw_corpus(raw_dir: Path, n_train: int = 200, n_eval: int = 40, max_le
     return raw_dir
 
 
-def binarize(raw_dir: Path, dest: Path) -> Path:
+def binarize(raw_dir: Path, dest: Path, extra_args: Sequence = ()) -> Path:
     """fairseq-preprocess raw_dir/{train,valid,test}.{en,de} into dest (separate dictionaries)."""
     run_cli(
         "fairseq-preprocess", "--source-lang", "en", "--target-lang", "de",
         "--trainpref", raw_dir / "train", "--validpref", raw_dir / "valid", "--testpref", raw_dir / "test",
-        "--destdir", dest, "--workers", "1",
+        "--destdir", dest, "--workers", "1", *extra_args,
     )  # fmt: skip
     return dest
 
