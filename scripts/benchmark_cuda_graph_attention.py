@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fairseq_plugins.graphs.binary_partition import bpt_graph  # noqa: E402
-from fairseq_plugins.modules import graph_attention_cuda, graph_attention_flex  # noqa: E402,F401
-from fairseq_plugins.modules.graph_attention import graph_attention  # noqa: E402
+from fairseq_plugins.graph_attention import cuda_backend, flex_backend  # noqa: E402,F401
+from fairseq_plugins.graph_attention import graph_attention  # noqa: E402
 
 
 class EncoderLayer(nn.Module):
@@ -185,7 +185,7 @@ def main(argv=None):
     if not torch.cuda.is_available():
         sys.exit("benchmark_cuda_graph_attention: needs a CUDA GPU")
     if "cuda" in args.backends:
-        graph_attention_cuda.load_extension(verbose=False)
+        cuda_backend.load_extension(verbose=False)
     for name in ("recompile_limit", "cache_size_limit"):  # one flex compilation per shape
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, 256)

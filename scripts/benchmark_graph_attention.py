@@ -37,8 +37,9 @@ def build_step(kind: str, n: int, k: int, tokens: int, threads: int):
 
     sys.path.insert(0, str(REPO))
     from fairseq_plugins.graphs.binary_partition import bpt_graph
-    from fairseq_plugins.modules.graph_self_attention import GraphSelfAttention
-    from fairseq_plugins.modules.graph_attention import graph_attention
+    from fairseq_plugins.graph_attention import graph_attention
+    from fairseq_plugins.modules.bpt.graph_self_attention import GraphSelfAttention
+    from fairseq_plugins.modules.common.heads import merge_heads, split_heads
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
@@ -73,9 +74,8 @@ def build_step(kind: str, n: int, k: int, tokens: int, threads: int):
             def forward(self, x):
                 if dense:
                     a = self.attn
-                    q, key, v = (a._heads(p(x)) for p in (a.q_proj, a.k_proj, a.v_proj))
-                    h = F.scaled_dot_product_attention(q, key, v).permute(2, 0, 1, 3)
-                    h = a.out_proj(h.reshape(x.shape))
+                    q, key, v = (split_heads(p(x), heads) for p in (a.q_proj, a.k_proj, a.v_proj))
+                    h = a.out_proj(merge_heads(F.scaled_dot_product_attention(q, key, v)))
                 else:
                     with self.attn.attending(graph):
                         h, _ = self.attn(x)

@@ -28,12 +28,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from fairseq_plugins.modules.multiscale_attention import (
+from fairseq_plugins.modules.multiscale.multiscale_attention import (
     multiscale_attention,
     multiscale_attention_reference,
     parse_scales,
 )
-from fairseq_plugins.modules.scale_distribution import PAPER_CANDIDATES, alpha_head_counts, expand_counts
+from fairseq_plugins.modules.multiscale.scale_distribution import PAPER_CANDIDATES, alpha_head_counts, expand_counts
 
 REPO = Path(__file__).resolve().parents[1]
 

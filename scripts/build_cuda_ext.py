@@ -40,12 +40,12 @@ def main(argv=None) -> int:
         print(f"build_cuda_ext: skipped, {reason}; graph attention will use the torch backend.")
         return 1 if args.require else 0
 
-    from fairseq_plugins.modules import graph_attention_cuda
+    from fairseq_plugins.graph_attention import cuda_backend
 
-    print(f"build_cuda_ext: building into {graph_attention_cuda.build_directory()} "
+    print(f"build_cuda_ext: building into {cuda_backend.build_directory()} "
           "(a few minutes the first time) ...", flush=True)
     start = time.time()
-    graph_attention_cuda.load_extension(verbose=args.verbose)
+    cuda_backend.load_extension(verbose=args.verbose)
     print(f"build_cuda_ext: done in {time.time() - start:.0f} s")
     return 0
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from torch.utils import cpp_extension
 
-from fairseq_plugins.modules import graph_attention_cuda
+from fairseq_plugins.graph_attention import cuda_backend
 
 ARCHS = ("80", "90")
 KERNELS = ("forward_kernel", "backward_query_kernel", "backward_key_kernel")
@@ -40,7 +40,7 @@ def _include_flags(tmp_path, nvcc: Path):
             "#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
         system.insert(0, str(shim))
     system += [sysconfig.get_paths()["include"], str(nvcc.parent.parent / "include")]
-    flags = [f"-I{graph_attention_cuda.SOURCE_DIR}"]
+    flags = [f"-I{cuda_backend.SOURCE_DIR}"]
     for path in system:
         flags += ["-isystem", path]
     return flags
@@ -60,12 +60,12 @@ def _run(cmd):
 
 def test_kernels_compile_for_sm80_and_sm90(tmp_path):
     nvcc = _nvcc()
-    source = graph_attention_cuda.SOURCES[1]
+    source = cuda_backend.SOURCES[1]
     cmd = [
         str(nvcc), "-c", str(source), "-o", str(tmp_path / "kernels.o"),
         "-std=c++20", _abi_flag(), "-Xcompiler", "-fPIC,-Wall,-Werror",
         "-Werror", "all-warnings", "-Xptxas", "-v,--warn-on-spills,--warning-as-error",
-        *cpp_extension.COMMON_NVCC_FLAGS, *graph_attention_cuda.NVCC_FLAGS,
+        *cpp_extension.COMMON_NVCC_FLAGS, *cuda_backend.NVCC_FLAGS,
         *_include_flags(tmp_path, nvcc),
     ]
     for arch in ARCHS:
@@ -90,7 +90,7 @@ def test_binding_compiles(tmp_path):
     if cxx is None:
         pytest.skip("no C++ compiler")
     cmd = [
-        cxx, "-c", str(graph_attention_cuda.SOURCES[0]), "-o", str(tmp_path / "binding.o"),
+        cxx, "-c", str(cuda_backend.SOURCES[0]), "-o", str(tmp_path / "binding.o"),
         "-std=c++20", "-fPIC", "-Wall", "-Wextra", "-Werror", _abi_flag(),
         "-DTORCH_EXTENSION_NAME=graph_attention_compile_test", "-DTORCH_API_INCLUDE_EXTENSION_H",
         *_include_flags(tmp_path, nvcc),

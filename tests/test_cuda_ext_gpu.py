@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from fairseq_plugins.graphs.binary_partition import bpt_graph, node_present, segtree_graph
-from fairseq_plugins.modules.graph_attention import AttentionGraph, graph_attention
-from fairseq_plugins.modules import graph_attention_cuda, graph_attention_flex  # noqa: F401
+from fairseq_plugins.graph_attention import AttentionGraph, cuda_backend, flex_backend, graph_attention  # noqa: F401
 
 
 
@@ -250,8 +249,8 @@ def test_dropout_matches_regenerated_mask(dtype):
     graph, p = bpt_graph(300, 2), 0.3
     q, k, v, rel, kpm = make_inputs(graph, 2, 2, 64, dtype, padded_lengths=[300, 200])
     grad_out = torch.randn_like(q)
-    ext = graph_attention_cuda.load_extension()
-    csr = graph_attention_cuda._graph_tensors(graph, q.device)
+    ext = cuda_backend.load_extension()
+    csr = cuda_backend._graph_tensors(graph, q.device)
     scale = 64 ** -0.5
     out, lse, rng = ext.forward(q, k, v, rel, *csr[:3], kpm, scale, p)
     grads = ext.backward(grad_out, q, k, v, rel, out, lse, rng, *csr, kpm, scale, p, True)
@@ -274,8 +273,8 @@ def test_dropout_matches_regenerated_mask(dtype):
 def test_auto_backend_picks_kernels_and_falls_back_for_other_head_dims(monkeypatch):
     graph = bpt_graph(64, 2)
     calls = []
-    original = graph_attention_cuda.GraphAttentionFunction.apply
-    monkeypatch.setattr(graph_attention_cuda.GraphAttentionFunction, "apply",
+    original = cuda_backend.GraphAttentionFunction.apply
+    monkeypatch.setattr(cuda_backend.GraphAttentionFunction, "apply",
                         lambda *a: calls.append(1) or original(*a))
     for dim, used in ((64, 1), (48, 1)):
         q = torch.randn(1, 2, graph.num_nodes, dim, device="cuda")
@@ -288,8 +287,8 @@ def test_bad_inputs_raise_clear_errors():
     graph = bpt_graph(40, 1)
     q = torch.randn(1, 2, graph.num_nodes, 64, device="cuda")
     with pytest.raises(ValueError, match="dropout_p"):
-        graph_attention_cuda.cuda_graph_attention(q, q, q, graph, dropout_p=1.0)
+        cuda_backend.cuda_graph_attention(q, q, q, graph, dropout_p=1.0)
     with pytest.raises(RuntimeError, match="head dim"):
-        graph_attention_cuda.cuda_graph_attention(q[..., :48], q[..., :48], q[..., :48], graph)
+        cuda_backend.cuda_graph_attention(q[..., :48], q[..., :48], q[..., :48], graph)
     with pytest.raises(RuntimeError, match="same shape|dtype"):
-        graph_attention_cuda.cuda_graph_attention(q, q.half(), q, graph)
+        cuda_backend.cuda_graph_attention(q, q.half(), q, graph)

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from fairseq_plugins.graphs.binary_partition import bpt_graph, node_present, segtree_graph
-from fairseq_plugins.modules.graph_attention import (
+from fairseq_plugins.graph_attention import (
     AttentionGraph, TreeLayout, csr_attention, dense_graph_attention, graph_attention,
 )
-from fairseq_plugins.modules.graph_attention_tree import tree_block_attention
+from fairseq_plugins.graph_attention.torch_tree import tree_block_attention
 
 
 def dense_reference(q, k, v, graph, rel_key, key_padding_mask, scale):
@@ -177,7 +177,7 @@ def test_tree_path_dropout_gradients():
 def test_band_fold_is_the_adjoint_of_the_band_windows(size, groups, share, stride, left, width):
     """The tree path's backward folds band gradients with strided adds; autograd through the
     forward's windows (pad + unfold) is the reference."""
-    from fairseq_plugins.modules.graph_attention_tree import (
+    from fairseq_plugins.graph_attention.torch_tree import (
         _KeyBand, _add_unbanded, _pad_level, _windows,
     )
     band = _KeyBand(0, size, False, share, stride, left, width, 0)

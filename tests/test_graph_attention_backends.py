@@ -4,8 +4,7 @@ import pytest
 import torch
 
 from fairseq_plugins.graphs.binary_partition import bpt_graph, node_present, segtree_graph
-from fairseq_plugins.modules import graph_attention_cuda, graph_attention_flex
-from fairseq_plugins.modules.graph_attention import AttentionGraph, graph_attention
+from fairseq_plugins.graph_attention import AttentionGraph, cuda_backend, flex_backend, graph_attention
 
 # eager flex on CPU is the unfused reference path; its advice to compile is expected here
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -41,7 +40,7 @@ def test_flex_rows_without_present_keys_are_zero():
 
 def test_flex_block_structure_covers_exactly_the_edges():
     graph = bpt_graph(300, 2)  # 600 nodes: 5 blocks of 128, the last one partial
-    blocks = graph_attention_flex.graph_blocks(graph, "cpu")
+    blocks = flex_backend.graph_blocks(graph, "cpu")
     types = torch.full((5 * 128, 5 * 128), -1, dtype=torch.int64)
     for qb in range(5):
         for slot in range(int(blocks.kv_num_blocks[0, 0, qb])):
@@ -66,6 +65,6 @@ def test_cpu_tensors_use_the_torch_backend_and_forcing_cuda_fails_clearly():
                            num_edge_types=1)
     q = torch.randn(1, 1, 3, 32)
     torch.testing.assert_close(graph_attention(q, q, q, graph), q)  # self-loops only
-    assert not graph_attention_cuda.is_available(q)
+    assert not cuda_backend.is_available(q)
     with pytest.raises(RuntimeError, match="'cuda' cannot run"):
         graph_attention(q, q, q, graph, backend="cuda")

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from fairseq.modules import MultiheadAttention
-from fairseq_plugins.modules.multiscale_attention import (
+from fairseq_plugins.modules.multiscale.multiscale_attention import (
     MultiScaleSelfAttention,
     Scale,
     multiscale_attention,

@@ -2,14 +2,14 @@
 
 import pytest
 
-from fairseq_plugins.modules.scale_distribution import (
+from fairseq_plugins.modules.multiscale.scale_distribution import (
     PAPER_CANDIDATES,
     PAPER_EXAMPLE_COUNTS,
     alpha_head_counts,
     expand_counts,
     layer_scales,
 )
-from fairseq_plugins.modules.multiscale_attention import parse_scales
+from fairseq_plugins.modules.multiscale.multiscale_attention import parse_scales
 
 
 def test_alpha_rule_reproduces_the_papers_worked_example():

@@ -6,7 +6,7 @@ import torch
 
 from fairseq import options, tasks
 from fairseq_plugins.models import ms_transformer  # noqa: F401  (registers the model in-process)
-from fairseq_plugins.modules.multiscale_attention import MultiScaleSelfAttention
+from fairseq_plugins.modules.multiscale.multiscale_attention import MultiScaleSelfAttention
 from tests.cli import TINY_MODEL_ARGS, hypotheses, train_and_translate
 
 

@@ -8,9 +8,9 @@ import sentencepiece
 import torch
 
 from fairseq.data import Dictionary
-from fairseq_plugins.modules.linear_self_attention import LinformerSelfAttention
-from fairseq_plugins.modules.sentencepiece_fast_input import PAD_UNIT, SentencePieceFastInput
-from fairseq_plugins.modules.subword_characters import SubwordCharacterTable
+from fairseq_plugins.modules.slowfast.linear_self_attention import LinformerSelfAttention
+from fairseq_plugins.modules.slowfast.sentencepiece_fast_input import PAD_UNIT, SentencePieceFastInput
+from fairseq_plugins.modules.slowfast.subword_characters import SubwordCharacterTable
 from tests.test_slowfast_modules import _batch, build_model
 
 # --- Linformer --------------------------------------------------------------------------

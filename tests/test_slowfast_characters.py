@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fairseq.data import Dictionary
-from fairseq_plugins.modules.subword_characters import (
+from fairseq_plugins.modules.slowfast.subword_characters import (
     UNK_CHAR,
     WORD_END_CHAR,
     SubwordCharacterTable,

@@ -13,20 +13,20 @@ from fairseq_plugins.models.transformer_slowfast import (
     parse_interaction_layers,
     random_word_ids,
 )
-from fairseq_plugins.modules.boundary_relative_attention import (
+from fairseq_plugins.modules.slowfast.boundary_relative_attention import (
     AddToDiagonals,
     BoundaryRelativeSelfAttention,
     band_relation_types,
     boundary_band,
     boundary_relation_types,
 )
-from fairseq_plugins.modules.cross_granularity_fusion import (
+from fairseq_plugins.modules.slowfast.cross_granularity_fusion import (
     FUSION_METHODS,
     build_fusion,
     characters_to_subwords,
 )
-from fairseq_plugins.modules.length_groups import length_groups
-from fairseq_plugins.modules.word_graph_convolution import (
+from fairseq_plugins.modules.common.length_groups import length_groups
+from fairseq_plugins.modules.slowfast.word_graph_convolution import (
     WordGraph,
     WordGraphConvolution,
     normalized_word_adjacency,

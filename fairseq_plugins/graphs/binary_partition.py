@@ -31,7 +31,7 @@ from typing import Tuple
 
 import torch
 
-from fairseq_plugins.modules.graph_attention import AttentionGraph, TreeLayout
+from fairseq_plugins.graphs.attention_graph import AttentionGraph, TreeLayout
 
 
 def tree_level_sizes(n: int) -> Tuple[int, ...]:

@@ -3,7 +3,7 @@
 Graph self-attention spans the whole sample (context sentences + current sentence) in the
 encoder and, causally, in the decoder: that is ``bpt_transformer`` run on the samples of
 ``--task document_translation``. What changes is cross-attention, restricted to the aligned
-sentence (``fairseq_plugins.modules.sentence_aligned_attention``). The BPT decoder's layers
+sentence (``fairseq_plugins.modules.document.sentence_aligned_attention``). The BPT decoder's layers
 carry span nodes as well as tokens; a span cross-attends like the last token it covers, the one
 whose decoding step completes it, so full forward and incremental decoding agree.
 """
@@ -21,7 +21,7 @@ from fairseq_plugins.models.bpt_transformer import (
     graph_defaults,
 )
 from fairseq_plugins.models.transformer_document import DocumentTransformerDecoder, DocumentTransformerEncoder
-from fairseq_plugins.modules.sentence_aligned_attention import SentenceAlignedDecoderMixin
+from fairseq_plugins.modules.document.sentence_aligned_attention import SentenceAlignedDecoderMixin
 
 
 class DocumentGraphDecoder(SentenceAlignedDecoderMixin, GraphTransformerDecoder):

@@ -25,8 +25,8 @@ from fairseq.models.transformer import (
 from fairseq.models.transformer.transformer_legacy import base_architecture, transformer_iwslt_de_en
 
 from fairseq_plugins.graphs.binary_partition import TreeGraphSpec, causal_step_rows, node_present
-from fairseq_plugins.modules.graph_self_attention import DecoderStep
-from fairseq_plugins.modules.graph_transformer_layers import GraphDecoderLayer, GraphEncoderLayer
+from fairseq_plugins.modules.bpt.graph_self_attention import DecoderStep
+from fairseq_plugins.modules.bpt.graph_transformer_layers import GraphDecoderLayer, GraphEncoderLayer
 
 GRAPH_SIDES = ("encoder", "decoder", "both")
 

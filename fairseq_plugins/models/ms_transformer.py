@@ -1,9 +1,9 @@
 """Multi-Scale Transformer for translation (Guo et al., 2019), as ``--arch ms_transformer``.
 
 fairseq's transformer with multi-scale multi-head self-attention
-(:mod:`fairseq_plugins.modules.multiscale_attention`) in the encoder and, optionally, causal
+(:mod:`fairseq_plugins.modules.multiscale.multiscale_attention`) in the encoder and, optionally, causal
 multi-scale self-attention in the decoder.  The per-layer scales come from the paper's alpha
-rule or explicit lists (:mod:`fairseq_plugins.modules.scale_distribution`).  The paper's
+rule or explicit lists (:mod:`fairseq_plugins.modules.multiscale.scale_distribution`).  The paper's
 encoder also drops the FFN (``--encoder-drop-ffn``: H <- LN(H + ReLU(MSMSA(H))), Eq. 10)
 and the absolute positions (``--encoder-no-positions``); both are options here because
 they were chosen for text classification, not translation.
@@ -29,8 +29,8 @@ from fairseq.modules.transformer_layer import (
     TransformerEncoderLayerBase,
 )
 
-from ..modules.multiscale_attention import MultiScaleSelfAttention
-from ..modules.scale_distribution import PAPER_CANDIDATES, layer_scales
+from fairseq_plugins.modules.multiscale.multiscale_attention import MultiScaleSelfAttention
+from fairseq_plugins.modules.multiscale.scale_distribution import PAPER_CANDIDATES, layer_scales
 
 
 def _wrap_layer(layer: nn.Module, cfg) -> nn.Module:

@@ -2,7 +2,7 @@
 sentence of a document-level sample (``--task document_translation``).
 
 Self-attention spans the whole sample, as in the stock transformer; only encoder-decoder
-attention changes (see ``fairseq_plugins.modules.sentence_aligned_attention``). It separates the
+attention changes (see ``fairseq_plugins.modules.document.sentence_aligned_attention``). It separates the
 effect of the aligned cross-attention from BPT's graph attention (``bpt_document``); the
 paper's Transformer row is the stock ``transformer`` on the same samples.
 """
@@ -16,7 +16,7 @@ from fairseq.models.transformer import (
     base_architecture,
 )
 
-from fairseq_plugins.modules.sentence_aligned_attention import (
+from fairseq_plugins.modules.document.sentence_aligned_attention import (
     SentenceAlignedDecoderMixin,
     SourceTokensEncoderMixin,
 )

@@ -27,13 +27,13 @@ from fairseq.models.transformer.transformer_legacy import (
 )
 from fairseq.modules import FairseqDropout, LayerNorm, PositionalEmbedding
 
-from fairseq_plugins.modules.boundary_relative_attention import boundary_band
-from fairseq_plugins.modules.cross_granularity_fusion import FUSION_METHODS, build_fusion
-from fairseq_plugins.modules.length_groups import length_groups, merge, take
-from fairseq_plugins.modules.sentencepiece_fast_input import PAD_UNIT, SentencePieceFastInput, piece_count
-from fairseq_plugins.modules.slowfast_encoder_layer import FastBranchEncoderLayer, SlowFastEncoderLayer
-from fairseq_plugins.modules.subword_characters import PAD_CHAR, FastBranchInput, SubwordCharacterTable
-from fairseq_plugins.modules.word_graph_convolution import WordGraph
+from fairseq_plugins.modules.slowfast.boundary_relative_attention import boundary_band
+from fairseq_plugins.modules.slowfast.cross_granularity_fusion import FUSION_METHODS, build_fusion
+from fairseq_plugins.modules.common.length_groups import length_groups, merge, take
+from fairseq_plugins.modules.slowfast.sentencepiece_fast_input import PAD_UNIT, SentencePieceFastInput, piece_count
+from fairseq_plugins.modules.slowfast.slowfast_encoder_layer import FastBranchEncoderLayer, SlowFastEncoderLayer
+from fairseq_plugins.modules.slowfast.subword_characters import PAD_CHAR, FastBranchInput, SubwordCharacterTable
+from fairseq_plugins.modules.slowfast.word_graph_convolution import WordGraph
 
 ENCODER_OUTPUTS = ("slow", "fast", "both")
 FAST_INPUTS = ("char", "subword", "sentencepiece")

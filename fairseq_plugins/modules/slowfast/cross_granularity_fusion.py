@@ -25,7 +25,7 @@ from torch import nn
 
 from fairseq.modules import LayerNorm, MultiheadAttention
 
-from fairseq_plugins.modules.heads import merge_heads, split_heads
+from fairseq_plugins.modules.common.heads import merge_heads, split_heads
 
 FUSION_METHODS = ("cga", "linear-attention", "downsample-sum", "downsample-concat")
 

@@ -18,7 +18,8 @@ from typing import Optional
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from fairseq_plugins.modules.graph_attention import AttentionGraph, register_backend
+from fairseq_plugins.graph_attention.registry import register_backend
+from fairseq_plugins.graphs.attention_graph import AttentionGraph
 
 BLOCK_SIZE = 128
 _compiled_flex_attention = None

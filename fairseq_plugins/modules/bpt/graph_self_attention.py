@@ -24,8 +24,8 @@ from typing import Dict, Optional
 import torch
 from torch import Tensor, nn
 
-from fairseq_plugins.modules.graph_attention import AttentionGraph, csr_attention, graph_attention
-from fairseq_plugins.modules.heads import merge_heads, split_heads
+from fairseq_plugins.graph_attention import AttentionGraph, csr_attention, graph_attention
+from fairseq_plugins.modules.common.heads import merge_heads, split_heads
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fairseq_plugins.modules.heads import merge_heads, split_heads
+from fairseq_plugins.modules.common.heads import merge_heads, split_heads
 
 
 class LinformerSelfAttention(nn.Module):

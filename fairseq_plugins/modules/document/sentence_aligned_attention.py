@@ -21,7 +21,7 @@ from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
 from fairseq_plugins.data.document_layout import aligned_sentence_mask
-from fairseq_plugins.modules.heads import merge_heads, split_heads
+from fairseq_plugins.modules.common.heads import merge_heads, split_heads
 
 
 class SentenceAlignedCrossAttention(MultiheadAttention):

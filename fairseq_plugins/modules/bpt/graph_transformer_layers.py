@@ -7,7 +7,7 @@ layer norms, FFN, cross-attention and dropout are fairseq's, unchanged.
 
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
-from fairseq_plugins.modules.graph_self_attention import GraphSelfAttention
+from fairseq_plugins.modules.bpt.graph_self_attention import GraphSelfAttention
 
 
 class GraphEncoderLayer(TransformerEncoderLayerBase):

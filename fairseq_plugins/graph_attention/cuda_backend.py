@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 from torch.utils import cpp_extension
 
-from fairseq_plugins.modules.graph_attention import AttentionGraph, register_backend
+from fairseq_plugins.graph_attention.registry import register_backend
+from fairseq_plugins.graphs.attention_graph import AttentionGraph
 
 logger = logging.getLogger(__name__)
 
@@ -47,9 +48,9 @@ def load_extension(verbose: bool = False):
         if _extension is None:
             missing = [str(s) for s in SOURCES if not s.is_file()]
             if missing:
-                raise RuntimeError(f"graph_attention_cuda: sources not found: {missing}")
+                raise RuntimeError(f"cuda backend: sources not found: {missing}")
             if torch.version.cuda is None:
-                raise RuntimeError("graph_attention_cuda: this torch build has no CUDA support")
+                raise RuntimeError("cuda backend: this torch build has no CUDA support")
             directory = build_directory()
             directory.mkdir(parents=True, exist_ok=True)
             _extension = cpp_extension.load(
@@ -94,7 +95,7 @@ def is_available(query: torch.Tensor) -> bool:
 def _graph_tensors(graph: AttentionGraph, device: torch.device):
     """int32 CSR by query and by key (query node, edge id) on ``device``, cached on the graph."""
     if graph.num_edges >= 2**31:
-        raise ValueError(f"graph_attention_cuda: {graph.num_edges} edges exceed int32 indices")
+        raise ValueError(f"cuda backend: {graph.num_edges} edges exceed int32 indices")
     indptr, indices, edge_type = graph.on(device, torch.int32)
     key = ("cuda_transposed", str(device))
     if key not in graph._cache:

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 if TYPE_CHECKING:
-    from fairseq_plugins.modules.graph_attention import AttentionGraph, TreeLayout
+    from fairseq_plugins.graphs.attention_graph import AttentionGraph, TreeLayout
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
-from fairseq_plugins.modules.heads import merge_heads, split_heads
+from fairseq_plugins.modules.common.heads import merge_heads, split_heads
 
 
 @dataclass(frozen=True)

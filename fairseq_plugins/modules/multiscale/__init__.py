@@ -1,0 +1,1 @@
+"""Multi-Scale Transformer: per-head window widths and their distribution across layers."""

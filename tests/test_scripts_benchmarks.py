@@ -1,0 +1,47 @@
+"""Every benchmark script in ``scripts/`` runs end to end in a tiny mode (a benchmark nobody runs breaks silently).
+
+Each runs as a user runs it (``python -m scripts.<name>``), with sizes small enough for seconds on
+one core, and must write its results file. The numbers themselves are not checked here.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_script(name: str, *args, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, "-m", f"scripts.{name}", *map(str, args)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    assert proc.returncode == 0, f"scripts.{name} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    return proc
+
+
+def test_benchmark_graph_attention_tiny(tmp_path):
+    out = tmp_path / "graph_attention"
+    run_script("benchmark_graph_attention", "--lengths", "64", "--ks", "1", "--tokens", "128",
+               "--repeats", "1", "--threads", "1", "--out", out)  # fmt: skip
+    table = out.with_suffix(".md").read_text()
+    assert "| op |" in table and "| layer |" in table  # both parts ran, the layer part included
+
+
+def test_benchmark_multiscale_attention_tiny(tmp_path):
+    out = tmp_path / "multiscale"
+    run_script("benchmark_multiscale_attention", "--lengths", "64", "--heads", "2", "--head-dim", "8",
+               "--repeats", "1", "--masked-max-length", "64", "--device", "cpu", "--out", out)  # fmt: skip
+    assert json.loads(out.with_suffix(".json").read_text())
+
+
+@pytest.mark.slow
+def test_benchmark_slowfast_tiny(tmp_path):
+    out = tmp_path / "slowfast.json"
+    run_script("benchmark_slowfast", "--size", "tiny", "--max-tokens", "128", "--updates", "1", "--out", out)
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == {"transformer", "slow-only", "transformer_slowfast"}
+    assert results["transformer"]["time_ratio"] == 1.0
