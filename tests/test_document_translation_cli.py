@@ -41,8 +41,9 @@ def test_every_test_sentence_is_translated_once_against_its_own_reference(traine
         assert len(targets[i].split()) == len(reference.split())
         assert all(got in (want, "<<unk>>") for got, want in zip(targets[i].split(), reference.split()))
     parse_bleu(out)
-    generated = generate(data, checkpoint, DOC_ARGS + ["--target-context-at-inference", "generated"])
-    assert sorted(hypotheses(generated)) == list(range(len(references)))
+    for mode in ("oracle-reference", "same-pass"):  # the default above: the model's own translations
+        other = generate(data, checkpoint, DOC_ARGS + ["--target-context", mode])
+        assert sorted(hypotheses(other)) == list(range(len(references)))
 
 
 def test_interactive_accepts_context_joined_with_separators(trained):
@@ -56,6 +57,7 @@ def test_reference_context_is_forced_then_cut_from_the_output(trained):
     models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task(
         [str(checkpoint)], arg_overrides={"data": str(data), "user_dir": str(USER_DIR)}
     )
+    task.cfg.target_context = "oracle-reference"
     task.load_dataset("test")
     dataset = task.dataset("test")
     batch = dataset.collater([dataset[i] for i in range(8)])

@@ -4,14 +4,19 @@ Sample i is sentence i preceded by its context window (see ``document_context``)
 sides, joined as described in ``document_layout``. Only the current sentence is a training
 target: context target positions are padding in ``target``, so fairseq's criteria (which skip
 padding) put no loss on them, and ``fairseq-generate`` scores each sentence exactly once. The
-reference translations of the context travel as ``target_context`` for forced-prefix decoding.
+reference translations of the context travel as ``target_context`` (the oracle decoding mode).
+
+For decoding with the model's own translations as target context, a dataset can batch in
+*document order*: batch b holds only sentences whose preceding sentences all sit in earlier
+batches (sentences grouped by their position in their document), so each sentence's context
+has been translated before it is decoded.
 """
 
 import numpy as np
 import torch
 from fairseq.data import FairseqDataset, data_utils
 
-from .document_context import context_starts
+from .document_context import context_starts, document_starts
 
 
 class DocumentPairDataset(FairseqDataset):
@@ -19,7 +24,7 @@ class DocumentPairDataset(FairseqDataset):
 
     def __init__(
         self, src, tgt, src_dict, tgt_dict, docids, max_context_tokens,
-        left_pad_source=True, shuffle=True,
+        left_pad_source=True, shuffle=True, split="", document_order=False,
     ):
         if len(src) != len(tgt):
             raise ValueError(f"{len(src)} source sentences but {len(tgt)} target sentences")
@@ -32,7 +37,10 @@ class DocumentPairDataset(FairseqDataset):
         self.left_pad_source = left_pad_source
         self.shuffle = shuffle
         self.max_context_tokens = max_context_tokens
+        self.split = split
+        self.document_order = document_order
         self.context_start = context_starts(docids, src.sizes, max_context_tokens)
+        self.position_in_document = np.arange(len(docids)) - document_starts(docids)
         self.src_sizes = self._window_sizes(np.asarray(src.sizes, dtype=np.int64))
         self.tgt_sizes = self._window_sizes(np.asarray(tgt.sizes, dtype=np.int64))
         self.sizes = np.vstack((self.src_sizes, self.tgt_sizes)).T
@@ -95,6 +103,7 @@ class DocumentPairDataset(FairseqDataset):
             },
             "target": data_utils.collate_tokens(targets, self.pad, self.eos, left_pad=False),
             "target_context": target_context,
+            "document_split": self.split,  # where the task finds the context windows
         }
 
     def num_tokens(self, index):
@@ -111,6 +120,20 @@ class DocumentPairDataset(FairseqDataset):
         indices = np.random.permutation(len(self)) if self.shuffle else np.arange(len(self))
         indices = indices[np.argsort(self.tgt_sizes[indices], kind="mergesort")]
         return indices[np.argsort(self.src_sizes[indices], kind="mergesort")]
+
+    def batch_by_size(self, indices, max_tokens=None, max_sentences=None, required_batch_size_multiple=1):
+        """fairseq's batching; in document order, done separately for the first sentences of all
+        documents, then the second ones, ... so that no batch holds a sentence and its context."""
+        if not self.document_order:
+            return super().batch_by_size(indices, max_tokens, max_sentences, required_batch_size_multiple)
+        indices = np.asarray(indices, dtype=np.int64)
+        position = self.position_in_document[indices]
+        batches = []
+        for wave in np.unique(position):
+            batches += super().batch_by_size(
+                indices[position == wave], max_tokens, max_sentences, required_batch_size_multiple
+            )
+        return batches
 
     def filter_indices_by_size(self, indices, max_sizes):
         return data_utils.filter_paired_dataset_indices_by_size(

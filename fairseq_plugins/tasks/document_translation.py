@@ -3,12 +3,15 @@ document (the BPT paper's document-level setting, section 4.3.1, Tables 5 and 6)
 
 Data: fairseq-preprocess output plus ``{split}.docids`` (one document id per sentence). Each
 sentence is one sample (see ``fairseq_plugins.data.document_pair_dataset``); loss and output
-cover the current sentence only, so BLEU is over the test set as usual.
+cover the current sentence only, so BLEU is over the test set as usual. Training conditions on the
+reference translations of the context (teacher forcing); translation, by default, on the model's
+own translations of the preceding sentences (``--target-context``).
 """
 
 import logging
 import os
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 from fairseq import utils
@@ -33,12 +36,23 @@ class DocumentTranslationConfig(TranslationConfig):
             "sentence-level. The paper's Table 6 uses 0, 32, 64, 128"
         },
     )
-    target_context_at_inference: ChoiceEnum(["reference", "generated"]) = field(
-        default="reference",
+    target_context: ChoiceEnum(["translations", "oracle-reference", "same-pass"]) = field(
+        default="translations",
         metadata={
-            "help": "reference: force the reference translations of the context sentences as "
-            "a decoder prefix; generated: the model translates the context itself in the same "
-            "pass (as the original BPT code did). Either way only the current sentence is output"
+            "help": "target context when translating: translations = the model's own "
+            "translations of the preceding sentences, decoded in document order and forced as a "
+            "decoder prefix (what a real system has); oracle-reference = the reference "
+            "translations of the preceding sentences (an oracle: test references leak into the "
+            "input); same-pass = the model translates context and sentence in one beam search "
+            "(the original BPT code). Only the current sentence is ever output"
+        },
+    )
+    target_context_at_inference: Optional[str] = field(
+        default=None,
+        metadata={
+            "help": "replaced by --target-context (reference = oracle-reference, generated = "
+            "same-pass); kept so that checkpoints that stored it still load, and refused when "
+            "it asks for anything but the old default"
         },
     )
 
@@ -61,7 +75,20 @@ class DocumentTranslationTask(TranslationTask):
         for option, used in unsupported.items():
             if used:
                 raise ValueError(f"document_translation does not support {option}")
+        if cfg.target_context_at_inference not in (None, "reference"):
+            # "reference" was the old default, stored in every checkpoint trained with it
+            raise ValueError(
+                f"--target-context-at-inference {cfg.target_context_at_inference} is gone: use "
+                "--target-context same-pass (was 'generated') or oracle-reference (was 'reference')"
+            )
+        if cfg.target_context_at_inference == "reference":
+            logger.warning(
+                "--target-context-at-inference is obsolete and ignored (checkpoints of earlier "
+                f"versions store it); the target context is --target-context {cfg.target_context}"
+            )
         super().__init__(cfg, src_dict, tgt_dict)
+        # sentence index -> the best hypothesis (no </s>), per split, for --target-context translations
+        self.translations = {}
 
     @property
     def sentence_separator(self) -> int:
@@ -94,22 +121,49 @@ class DocumentTranslationTask(TranslationTask):
             max_context_tokens=self.cfg.context_tokens,
             left_pad_source=self.cfg.left_pad_source,
             shuffle=(split != "test"),
+            split=split,
+            document_order=self._decodes_in_document_order(split),
         )
         logger.info(
             f"{data_path} {split} {src}-{tgt}: {len(dataset)} sentences, "
             f"{len(set(docids))} documents, context <= {self.cfg.context_tokens} tokens"
         )
         self.datasets[split] = dataset
+        self.translations[split] = {}
+
+    def _decodes_in_document_order(self, split) -> bool:
+        """Splits that may be translated with the model's own context are batched so that a
+        sentence comes after its context (training batches stay fairseq's)."""
+        return (
+            self.cfg.target_context == "translations"
+            and self.cfg.context_tokens > 0
+            and split != self.cfg.train_subset
+        )
+
+    def get_batch_iterator(self, dataset, *args, num_shards=1, **kwargs):
+        if getattr(dataset, "document_order", False) and num_shards > 1:
+            raise ValueError(
+                "--target-context translations decodes a document's sentences one after the other "
+                "on one process; generate with one process (or use --target-context oracle-reference)"
+            )
+        return super().get_batch_iterator(dataset, *args, num_shards=num_shards, **kwargs)
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
-        """Decode the sample, then keep only the current sentence of every hypothesis."""
+        """Decode the sample with its target context, then keep only the current sentence of
+        every hypothesis (and remember it as context of the sentences after it)."""
         if prefix_tokens is not None:
             raise ValueError(
                 "document_translation sets the decoder prefix itself (the target context); "
                 "do not pass --prefix-size"
             )
-        context = sample.get("target_context")
-        if self.cfg.target_context_at_inference == "generated" or context is None or context.size(1) == 0:
+        split = sample.get("document_split")
+        if split is None or self.cfg.target_context == "same-pass":
+            context = None  # fairseq-interactive has no target context: the model translates it
+        elif self.cfg.target_context == "oracle-reference":
+            context = sample["target_context"]
+        else:
+            context = self._own_translations(split, sample["id"]).to(sample["net_input"]["src_tokens"].device)
+        if context is not None and context.size(1) == 0:
             context = None
         with torch.no_grad():
             if context is None:
@@ -128,11 +182,40 @@ class DocumentTranslationTask(TranslationTask):
         for row, row_hypos in enumerate(hypos):
             for hypo in row_hypos:
                 self._drop_context(hypo, int(n_context[row]))
+        if split is not None and split in self.translations:
+            for sentence, row_hypos in zip(sample["id"].tolist(), hypos):
+                self.translations[split][sentence] = self._as_context(row_hypos[0]["tokens"])
         return hypos
+
+    def _as_context(self, tokens):
+        """A hypothesis as a context sentence: no </s>, and no separator inside it."""
+        tokens = tokens.cpu()
+        return tokens[tokens.ne(self.tgt_dict.eos()) & tokens.ne(self.sentence_separator)]
+
+    def _own_translations(self, split, ids):
+        """Right-padded B x T prefix of the model's own translations of each sentence's context
+        window, each sentence followed by the separator (the layout of the training targets)."""
+        dataset, done = self.datasets[split], self.translations[split]
+        rows = []
+        for sentence in ids.tolist():
+            parts = []
+            for previous in range(int(dataset.context_start[sentence]), sentence):
+                if previous not in done:
+                    raise RuntimeError(
+                        f"{split}: sentence {sentence} needs the translation of sentence {previous}, "
+                        "which was not decoded before it (skipped by a size limit, or batches not "
+                        "in document order); use --target-context oracle-reference or same-pass"
+                    )
+                parts += [done[previous], torch.tensor([self.sentence_separator])]
+            rows.append(torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long))
+        context = torch.full((len(rows), max(len(r) for r in rows)), self.tgt_dict.pad(), dtype=torch.long)
+        for row, tokens in enumerate(rows):
+            context[row, : len(tokens)] = tokens
+        return context
 
     def _drop_context(self, hypo, n_context):
         """Cut a hypothesis after its ``n_context``-th separator (after the last one if the
-        model produced fewer, which only the 'generated' mode allows)."""
+        model produced fewer, which only the same-pass mode allows)."""
         if n_context == 0:
             return
         separators = hypo["tokens"].eq(self.sentence_separator).nonzero().flatten()
