@@ -3,9 +3,12 @@
     python -m scripts.prepare_data wmt14-en-de-bpt --out data-bin/wmt14_en_de_bpt
     python -m scripts.prepare_data multi30k-en-de --raw-dir ../shared/data/multi30k --out data-bin/multi30k
 
-Without ``--raw-dir`` the raw files are downloaded from their public sources into
+Without ``--raw-dir`` the raw training files are downloaded from their public sources into
 ``--cache-dir``; with it, the raw files (extracted, gzipped or still in their archives)
-are looked up under that directory and nothing is downloaded.
+are looked up under that directory and nothing is downloaded. WMT dev/test sets come from
+sacrebleu's test sets (its cache: the SACREBLEU environment variable, default ~/.sacrebleu).
+Chinese is segmented into words with jieba before BPE (``--zh-segmentation characters``: one
+token per character instead).
 """
 
 import argparse
@@ -14,7 +17,7 @@ import sys
 from pathlib import Path
 
 from .data import iwslt, multi30k, wmt
-from .data.common import DEFAULT_CACHE, prepare
+from .data.common import DEFAULT_CACHE, ZH_SEGMENTATIONS, prepare
 
 CORPORA = {**wmt.CORPORA, **iwslt.CORPORA, **multi30k.CORPORA}
 
@@ -27,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where downloads go")
     p.add_argument("--workers", type=int, default=1, help="processes for tokenization/BPE")
     p.add_argument("--bpe-merges", type=int, help="override the recipe's number of BPE merges")
+    p.add_argument("--vocab-size", type=int, help="override the recipe's cap on each dictionary")
+    p.add_argument("--zh-segmentation", choices=ZH_SEGMENTATIONS,
+                   help="override how Chinese is split before BPE (default: the recipe's, jieba)")
     p.add_argument("--extra-parallel", type=Path, action="append", default=[], metavar="PREFIX",
                    help="more training data as PREFIX.{src} / PREFIX.{tgt} (e.g. UN, CWMT)")
     p.add_argument("--no-binarize", action="store_true", help="stop before fairseq-preprocess")
@@ -42,6 +48,14 @@ def main(argv=None) -> Path:
         if args.bpe_merges < 1:
             sys.exit("--bpe-merges must be positive")
         recipe = dataclasses.replace(recipe, bpe_merges=args.bpe_merges)
+    if args.vocab_size is not None:
+        if args.vocab_size < 5:
+            sys.exit("--vocab-size must be at least 5 (fairseq's 4 special symbols + 1)")
+        recipe = dataclasses.replace(recipe, vocab_size=args.vocab_size)
+    if args.zh_segmentation is not None:
+        if "zh" not in (recipe.src, recipe.tgt):
+            sys.exit(f"--zh-segmentation: {args.corpus} has no Chinese side")
+        recipe = dataclasses.replace(recipe, zh_segmentation=args.zh_segmentation)
     return prepare(args.corpus, splits, recipe, args.out, workers=args.workers,
                    binarize=not args.no_binarize)
 

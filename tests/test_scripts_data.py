@@ -1,6 +1,8 @@
 """Data preparation on raw-format fixtures (no network): readers, recipes, binarization."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,8 +11,11 @@ from scripts import prepare_data
 from scripts.data.common import (TextProcessor, keep_clean, locate, read_mteval, read_ted_tags,
                                  Archive)
 
+from tests.sacrebleu_fixture import FIXTURE as SACREBLEU_FIXTURE, sacrebleu_env
+
 FIXTURES = Path(__file__).parent / "fixtures"
 WMT = FIXTURES / "wmt"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _lines(path: Path):
@@ -18,7 +23,7 @@ def _lines(path: Path):
 
 
 def test_read_mteval_sgm_keeps_documents():
-    pairs = read_mteval(WMT / "newstest2014-deen-src.en.sgm")
+    pairs = read_mteval(SACREBLEU_FIXTURE / "wmt14" / "full" / "raw" / "test-full" / "newstest2014-deen-src.en.sgm")
     assert len(pairs) == 12
     assert [d for d, _ in pairs[:5]] == ["newstest2014-doc0"] * 4 + ["newstest2014-doc1"]
     assert all("<" not in s and s == s.strip() for _, s in pairs)
@@ -40,8 +45,16 @@ def test_read_ted_tags_rejects_text_outside_a_talk(tmp_path):
         read_ted_tags(bad)
 
 
-def test_chinese_is_split_into_characters_latin_words_kept():
-    assert TextProcessor("zh")("她用iPhone拍了照片。") == "她 用 iPhone 拍 了 照 片 。"
+def test_chinese_is_segmented_into_words_with_jieba():
+    assert TextProcessor("zh")("她用iPhone拍了照片。") == "她 用 iPhone 拍 了 照片 。"
+    assert TextProcessor("zh")("他在2010年开始研究鱼类。") == "他 在 2010 年 开始 研究 鱼类 。"
+
+
+def test_chinese_character_splitting_is_a_named_option_latin_words_kept():
+    split = TextProcessor("zh", zh_segmentation="characters")
+    assert split("她用iPhone拍了照片。") == "她 用 iPhone 拍 了 照 片 。"
+    with pytest.raises(ValueError, match="unknown Chinese segmentation"):
+        TextProcessor("zh", zh_segmentation="words")("照片")
 
 
 def test_romanian_diacritics_normalised_and_stripped():
@@ -72,27 +85,78 @@ def test_locate_unpacks_an_archive_found_in_raw_dir(tmp_path):
     assert found["corpus.en"].read_text() == "hello\n"
 
 
-@pytest.mark.parametrize("corpus,raw", [
-    ("wmt14-en-de-bpt", WMT), ("wmt14-en-de-fairseq", WMT), ("wmt16-en-ro", WMT),
-    ("wmt17-zh-en", WMT), ("iwslt14-de-en", FIXTURES / "iwslt14"),
+def _prepare_in_process_of_its_own(tmp_path, *args):
+    """scripts.prepare_data as a user runs it, with the fixture sacrebleu cache (SACREBLEU)."""
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, "-m", "scripts.prepare_data", *args, "--out", str(out)],
+                   check=True, cwd=REPO, env=sacrebleu_env(tmp_path), capture_output=True)
+    return out, json.loads((out / "prep.json").read_text())
+
+
+# corpus -> (valid, test) as sacrebleu names them, and their sizes in the fixture cache
+WMT_SETS = {
+    "wmt14-en-de-bpt": (("wmt13", 12), ("wmt14", 10)),  # test: the filtered newstest2014
+    "wmt14-en-de-slowfast": (("wmt16", 12), ("wmt14/full", 12)),
+    "wmt14-en-de-fairseq": (None, ("wmt14/full", 12)),
+    "wmt16-en-ro": (("wmt16/dev", 6), ("wmt16", 6)),
+    "wmt17-zh-en": (("wmt17/dev", 6), ("wmt17", 6)),
+}
+
+
+@pytest.mark.parametrize("corpus", sorted(WMT_SETS))
+def test_wmt_recipes_take_dev_and_test_sets_from_sacrebleu(tmp_path, corpus):
+    out, meta = _prepare_in_process_of_its_own(tmp_path, corpus, "--raw-dir", str(WMT), "--bpe-merges", "40",
+                                               "--no-binarize")
+    src, tgt = meta["source_lang"], meta["target_lang"]
+    for split, expected in zip(("valid", "test"), WMT_SETS[corpus]):
+        if expected is None:
+            assert "valid" not in meta["origins"]  # held out from training
+            continue
+        name, n = expected
+        assert meta["origins"][split] == f"sacrebleu -t {name} -l {src}-{tgt}"
+        assert meta["sentences"][split] == n
+        # the references scored later are sacrebleu's text of the set, line for line
+        cached = tmp_path / "sacrebleu" / name / f"{name.replace('/', '_')}.{src}-{tgt}.ref"
+        if not meta["romanian_strip"]:
+            assert _lines(out / f"{split}.raw.{tgt}") == _lines(cached)
+        assert len(_lines(out / f"{split}.docids")) == n
+    for split in ("train", "valid", "test"):
+        assert len(_lines(out / "text" / f"{split}.{src}")) == len(_lines(out / f"{split}.raw.{tgt}"))
+    assert any("@@" in line for line in _lines(out / "text" / f"train.{tgt}"))
+
+
+@pytest.mark.parametrize("corpus,expected", [
+    ("wmt17-zh-en", "这是 一个 关于 海洋 的 故事 。"),  # jieba words (then BPE)
+    ("wmt17-zh-en-characters", "这 是 一 个 关 于 海 洋 的 故 事 。"),
 ])
-def test_every_recipe_prepares_text_from_fixtures(tmp_path, corpus, raw):
-    out = prepare_data.main([corpus, "--raw-dir", str(raw), "--out", str(tmp_path),
+def test_chinese_source_is_segmented_before_bpe(tmp_path, corpus, expected):
+    out, meta = _prepare_in_process_of_its_own(tmp_path, corpus, "--raw-dir", str(WMT), "--bpe-merges", "40",
+                                               "--no-binarize")
+    assert meta["zh_segmentation"] == corpus.removeprefix("wmt17-zh-en-").replace("wmt17-zh-en", "jieba")
+    assert _lines(out / "text" / "test.zh")[1].replace("@@ ", "") == expected
+
+
+def test_missing_sacrebleu_test_set_names_what_to_do(tmp_path):
+    env = {**sacrebleu_env(tmp_path), "SACREBLEU": str(tmp_path / "empty"), "http_proxy": "http://127.0.0.1:9",
+           "https_proxy": "http://127.0.0.1:9"}
+    proc = subprocess.run([sys.executable, "-c", "from scripts.data.sacrebleu_sets import sacrebleu_split; "
+                           "sacrebleu_split('wmt14', 'en-de')"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert proc.returncode != 0 and "sacrebleu -t wmt14 -l en-de --echo src" in proc.stderr
+
+
+def test_iwslt14_prepares_text_from_fixtures(tmp_path):
+    out = prepare_data.main(["iwslt14-de-en", "--raw-dir", str(FIXTURES / "iwslt14"), "--out", str(tmp_path),
                              "--bpe-merges", "40", "--no-binarize"])
     meta = json.loads((out / "prep.json").read_text())
-    src, tgt = meta["source_lang"], meta["target_lang"]
     for split in ("train", "valid", "test"):
-        bpe_src, bpe_tgt = _lines(out / "text" / f"{split}.{src}"), _lines(out / "text" / f"{split}.{tgt}")
-        raw_tgt = _lines(out / f"{split}.raw.{tgt}")
-        assert len(bpe_src) == len(bpe_tgt) == len(raw_tgt) == meta["sentences"][split] > 0
-    assert any("@@" in line for line in _lines(out / "text" / f"train.{tgt}"))
-    if meta["lowercase"]:
-        assert all(line == line.lower() for line in _lines(out / "text" / f"train.{tgt}"))
+        assert len(_lines(out / "text" / f"{split}.de")) == len(_lines(out / f"{split}.raw.en")) \
+            == meta["sentences"][split] > 0
+    assert all(line == line.lower() for line in _lines(out / "text" / "train.en"))
 
 
 def test_iwslt15_writes_talk_ids_aligned_with_sentences_and_binarizes(tmp_path):
     out = prepare_data.main(["iwslt15-zh-en", "--raw-dir", str(FIXTURES / "iwslt15"),
-                             "--out", str(tmp_path), "--bpe-merges", "40"])
+                             "--out", str(tmp_path), "--bpe-merges", "40", "--vocab-size", "40"])
     for split in ("train", "valid", "test"):
         docids = _lines(out / f"{split}.docids")
         assert len(docids) == len(_lines(out / f"{split}.raw.en")) == len(_lines(out / "text" / f"{split}.zh"))
@@ -103,8 +167,14 @@ def test_iwslt15_writes_talk_ids_aligned_with_sentences_and_binarizes(tmp_path):
     assert _lines(out / "train.raw.en")[8] == tags_en[8][1] and train_ids[8] == "22"
     test_ids = _lines(out / "test.docids")
     assert test_ids[0] == "TED.tst2010.601" and len(set(test_ids)) == 8
-    # separate dictionaries and fairseq's binarized layout
-    assert (out / "dict.zh.txt").exists() and (out / "dict.en.txt").exists()
+    # separate dictionaries of at most --vocab-size symbols (4 specials included; the recipe: 30k),
+    # words from jieba, and fairseq's binarized layout
+    meta = json.loads((out / "prep.json").read_text())
+    assert meta["vocab_size"] == 40 and meta["zh_segmentation"] == "jieba"
+    assert prepare_data.CORPORA["iwslt15-zh-en"](FIXTURES / "iwslt15", tmp_path)[1].vocab_size == 30000
+    for lang in ("zh", "en"):
+        words = [w.split()[0] for w in _lines(out / f"dict.{lang}.txt") if not w.startswith("madeupword")]
+        assert len(words) + 4 == 40
     assert (out / "test.zh-en.zh.bin").exists() and (out / "train.zh-en.en.idx").exists()
 
 

@@ -14,6 +14,7 @@ Layout written under ``out``::
 
 import gzip
 import json
+import logging
 import multiprocessing
 import re
 import shutil
@@ -22,9 +23,12 @@ import sys
 import tarfile
 import urllib.request
 import zipfile
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
+
+from tqdm import tqdm
 
 DEFAULT_CACHE = Path.home() / ".cache" / "fairseq_plugins" / "raw"
 
@@ -48,15 +52,13 @@ def _download(url: str, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_suffix(dest.suffix + ".part")
     log(f"downloading {url}")
-    with urllib.request.urlopen(url) as resp, open(tmp, "wb") as fh:
-        total = int(resp.headers.get("Content-Length") or 0)
-        done = 0
+    with urllib.request.urlopen(url) as resp, open(tmp, "wb") as fh, tqdm(
+        total=int(resp.headers.get("Content-Length") or 0) or None, unit="B", unit_scale=True,
+        desc=f"[prepare] {dest.name}", file=sys.stderr,
+    ) as bar:
         while chunk := resp.read(1 << 20):
             fh.write(chunk)
-            done += len(chunk)
-            pct = f" ({100 * done / total:.0f}%)" if total else ""
-            print(f"\r  {done >> 20} MiB{pct}", end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
+            bar.update(len(chunk))
     tmp.rename(dest)
 
 
@@ -238,19 +240,34 @@ _RO_TABLE = str.maketrans(
 )
 
 
+ZH_SEGMENTATIONS = ("jieba", "characters")
+
+
+def segment_chinese(line: str, how: str) -> str:
+    """Chinese text into space-separated units: ``jieba`` words (the usual segmenter of MT papers,
+    deterministic with its built-in dictionary), or ``characters``: every CJK character alone.
+    Latin words and numbers inside Chinese text stay whole either way (Moses and BPE see them)."""
+    if how == "characters":
+        return _CJK_CHAR_RE.sub(r" \1 ", line)
+    if how != "jieba":
+        raise ValueError(f"unknown Chinese segmentation {how!r}; choose from {ZH_SEGMENTATIONS}")
+    import jieba
+
+    if not jieba.dt.initialized:
+        jieba.setLogLevel(logging.WARNING)  # not the dictionary-loading messages of every worker
+        jieba.initialize()
+    return " ".join(word for word in jieba.cut(line) if word.strip())
+
+
 @dataclass(frozen=True)
 class TextProcessor:
-    """Moses punctuation normalisation + tokenization for one language.
-
-    Chinese is split into single characters: every CJK character is one token (so BPE
-    leaves it alone and the Chinese side is character-level, a few thousand symbols),
-    while Latin words and numbers inside Chinese text stay whole and get BPE. This needs
-    no word segmenter and no dictionary, and sidesteps segmentation errors.
-    """
+    """Moses punctuation normalisation + tokenization for one language; Chinese is first
+    segmented (``zh_segmentation``, see ``segment_chinese``)."""
 
     lang: str
     lowercase: bool = False
     romanian_strip: bool = False
+    zh_segmentation: str = "jieba"
 
     def __call__(self, line: str) -> str:
         global _MOSES
@@ -263,7 +280,7 @@ class TextProcessor:
         if self.romanian_strip:
             line = line.translate(_RO_TABLE)
         if self.lang == "zh":
-            line = _CJK_CHAR_RE.sub(r" \1 ", line)
+            line = segment_chinese(line, self.zh_segmentation)
         out = tok.tokenize(line, escape=False, aggressive_dash_splits=True, return_str=True)
         out = " ".join(out.split())
         return out.lower() if self.lowercase else out
@@ -287,29 +304,21 @@ def _apply_bpe(line: str) -> str:
 
 def map_lines(fn: Callable[[str], str], lines: List[str], workers: int, what: str,
               initializer=None, initargs=()) -> List[str]:
-    """Apply ``fn`` to every line, in ``workers`` processes, showing progress."""
-    total, out = len(lines), []
-    step = max(1, total // 20)
+    """Apply ``fn`` to every line, in ``workers`` processes, with a progress bar and ETA."""
     if workers <= 1:
         if initializer:
             initializer(*initargs)
-        it = map(fn, lines)
-        pool = None
+        it, pool = map(fn, lines), None
     else:
         pool = multiprocessing.get_context("fork").Pool(workers, initializer, initargs)
         it = pool.imap(fn, lines, chunksize=2000)
     try:
-        for i, res in enumerate(it, 1):
-            out.append(res)
-            if i % step == 0 or i == total:
-                print(f"\r  {what}: {i}/{total}", end="", file=sys.stderr, flush=True)
+        return list(tqdm(it, total=len(lines), desc=f"[prepare] {what}", unit=" lines",
+                         mininterval=2.0, file=sys.stderr))
     finally:
         if pool is not None:
             pool.close()
             pool.join()
-    if total:
-        print(file=sys.stderr)
-    return out
 
 
 def keep_clean(src: List[str], tgt: List[str], max_len: int, ratio: float) -> List[int]:
@@ -324,16 +333,18 @@ def keep_clean(src: List[str], tgt: List[str], max_len: int, ratio: float) -> Li
 
 
 def learn_bpe(texts: List[List[str]], merges: int, codes: Path) -> None:
+    """subword-nmt merges learnt from the word counts of ``texts`` (counting and merging both show
+    progress with an ETA: subword-nmt's own bar for the merges)."""
     from subword_nmt.learn_bpe import learn_bpe as _learn
 
-    tmp = codes.with_suffix(".train.txt")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        for lines in texts:
-            fh.writelines(line + "\n" for line in lines)
-    log(f"learning {merges} BPE merges -> {codes.name}")
-    with open(tmp, encoding="utf-8") as inp, open(codes, "w", encoding="utf-8") as out:
-        _learn(inp, out, merges, min_frequency=2)
-    tmp.unlink()
+    counts: Counter = Counter()
+    for line in tqdm((line for lines in texts for line in lines), total=sum(map(len, texts)),
+                     desc=f"[prepare] word counts for {codes.name}", unit=" lines", mininterval=2.0,
+                     file=sys.stderr):
+        counts.update(line.split())
+    log(f"learning {merges} BPE merges from {len(counts)} word types -> {codes.name}")
+    with open(codes, "w", encoding="utf-8") as out:
+        _learn([f"{word} {n}\n" for word, n in counts.items()], out, merges, min_frequency=2, is_dict=True)
 
 
 # --------------------------------------------------------------------------- pipeline
@@ -341,11 +352,13 @@ def learn_bpe(texts: List[List[str]], merges: int, codes: Path) -> None:
 
 @dataclass
 class Split:
-    """Raw parallel sentences of one split, optionally with a document id per sentence."""
+    """Raw parallel sentences of one split, optionally with a document id per sentence and where
+    the split comes from (recorded in prep.json and beside every score)."""
 
     src: List[str]
     tgt: List[str]
     docids: Optional[List[str]] = None
+    origin: Optional[str] = None
 
     def __post_init__(self):
         if len(self.src) != len(self.tgt):
@@ -371,6 +384,8 @@ class Recipe:
     clean_max_len: int = 250
     clean_ratio: float = 1.5
     valid_every: int = 0  # >0: hold out every n-th cleaned training pair as "valid"
+    zh_segmentation: str = "jieba"  # Chinese into words before BPE; or "characters"
+    vocab_size: Optional[int] = None  # cap each binarized dictionary at this many types
     extra: Dict[str, object] = field(default_factory=dict)  # recorded in prep.json
 
 
@@ -392,7 +407,8 @@ def prepare(name: str, splits: Dict[str, Split], recipe: Recipe, out: Path,
     langs = (recipe.src, recipe.tgt)
 
     def proc(lang):
-        return TextProcessor(lang, recipe.lowercase, recipe.romanian_strip and lang == "ro")
+        return TextProcessor(lang, recipe.lowercase, recipe.romanian_strip and lang == "ro",
+                             recipe.zh_segmentation)
 
     tok: Dict[str, Dict[str, List[str]]] = {}
     for split, data in splits.items():
@@ -442,21 +458,26 @@ def prepare(name: str, splits: Dict[str, Split], recipe: Recipe, out: Path,
         "lowercase": recipe.lowercase, "bpe": "subword-nmt", "bpe_merges": recipe.bpe_merges,
         "joint_bpe": recipe.joint_bpe, "romanian_strip": recipe.romanian_strip,
         "tokenizer": "sacremoses (aggressive dash splits)" + (
-            "; zh split into characters" if "zh" in langs else ""),
+            f"; zh segmented: {recipe.zh_segmentation}" if "zh" in langs else ""),
+        "zh_segmentation": recipe.zh_segmentation if "zh" in langs else None,
+        "vocab_size": recipe.vocab_size,
         "sentences": {s: len(d.src) for s, d in splits.items()},
+        "origins": {s: d.origin for s, d in splits.items() if d.origin},
         **recipe.extra,
     }
     (out / "prep.json").write_text(json.dumps(meta, indent=2) + "\n")
     if binarize:
         fairseq_preprocess(text_dir, out, recipe.src, recipe.tgt, list(splits),
-                           joined=recipe.joint_bpe, workers=workers)
+                           joined=recipe.joint_bpe, workers=workers, vocab_size=recipe.vocab_size)
     log(f"done: {out}")
     return out
 
 
 def fairseq_preprocess(text_dir: Path, destdir: Path, src: str, tgt: str, splits: List[str],
-                       joined: bool, workers: int = 1) -> None:
-    """Binarize ``text_dir/{split}.{lang}`` with the fairseq-preprocess console script."""
+                       joined: bool, workers: int = 1, vocab_size: Optional[int] = None) -> None:
+    """Binarize ``text_dir/{split}.{lang}`` with the fairseq-preprocess console script; with
+    ``vocab_size`` each dictionary keeps at most that many symbols (fairseq's 4 specials included,
+    the most frequent types; the rest become <unk>)."""
     exe = shutil.which("fairseq-preprocess")
     if exe is None:
         raise RuntimeError("fairseq-preprocess not found on PATH: install fairseq (scripts/setup.sh)")
@@ -472,6 +493,8 @@ def fairseq_preprocess(text_dir: Path, destdir: Path, src: str, tgt: str, splits
         raise ValueError(f"only train/valid/test splits can be binarized, got {extra}")
     if joined:
         cmd.append("--joined-dictionary")
+    if vocab_size is not None:
+        cmd += ["--nwordssrc", str(vocab_size), "--nwordstgt", str(vocab_size)]
     log("running " + " ".join(cmd))
     subprocess.run(cmd, check=True)
 
