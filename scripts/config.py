@@ -15,6 +15,8 @@ A config holds everything needed to rerun one row::
     gpus: 8                      # GPUs the paper's batch assumes; update-freq is rescaled
     average_last: 10             # average the last N epoch checkpoints (0: checkpoint_best)
     generate: {beam: 5, lenpen: 0.6}
+    sacrebleu_tokenize: intl     # sacrebleu's tokenizer for the detokenized score (default 13a; zh
+                                 # for a Chinese target)
     note: ...                    # which values the paper leaves open, and what we chose
 
 Options are fairseq command-line flags without the leading ``--``: ``true`` is a bare
@@ -25,7 +27,7 @@ import hashlib
 import json
 import math
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import yaml
 
@@ -36,7 +38,8 @@ METRICS = ("sacrebleu", "tokenized")
 
 _REQUIRED = {"paper": str, "table": str, "row": str, "data": str, "arch": str,
              "model": dict, "train": dict, "generate": dict, "gpus": int, "average_last": int}
-_OPTIONAL = {"column": str, "reported": dict, "task": dict, "note": str}
+_OPTIONAL = {"column": str, "reported": dict, "task": dict, "note": str, "sacrebleu_tokenize": str}
+SACREBLEU_TOKENIZERS = ("13a", "intl", "zh", "char", "none")
 # flags the scripts set themselves; a config must not carry them
 _RESERVED = {"user-dir", "arch", "save-dir", "path", "distributed-world-size", "gen-subset", "remove-bpe",
              "results-path", "cpu"}
@@ -72,6 +75,8 @@ def load_config(path) -> Dict[str, Any]:
         clash = _RESERVED.intersection(cfg.get(section) or {})
         if clash:
             raise ConfigError(f"{path}: '{section}' sets {sorted(clash)}, which the scripts set themselves")
+    if cfg.get("sacrebleu_tokenize", "13a") not in SACREBLEU_TOKENIZERS:
+        raise ConfigError(f"{path}: sacrebleu_tokenize must be one of {SACREBLEU_TOKENIZERS}")
     if cfg["gpus"] < 1 or cfg["average_last"] < 0:
         raise ConfigError(f"{path}: gpus must be >= 1 and average_last >= 0")
     cfg.setdefault("task", {})
@@ -116,9 +121,12 @@ def scaled_update_freq(cfg: Dict[str, Any], world_size: int) -> int:
     return max(1, math.ceil(base * cfg["gpus"] / world_size))
 
 
-def train_flags(cfg: Dict[str, Any], world_size: int) -> List[str]:
-    """fairseq-train flags of a config, without data dir and save dir."""
-    train = dict(cfg["train"], **{"update-freq": scaled_update_freq(cfg, world_size)})
+def train_flags(cfg: Dict[str, Any], world_size: int, update_freq: Optional[int] = None) -> List[str]:
+    """fairseq-train flags of a config, without data dir and save dir; ``update_freq`` (default:
+    the paper's batch kept on ``world_size`` devices) is fairseq's --update-freq."""
+    if update_freq is not None and update_freq < 1:
+        raise ValueError(f"update frequency must be >= 1, got {update_freq}")
+    train = dict(cfg["train"], **{"update-freq": update_freq or scaled_update_freq(cfg, world_size)})
     return ["--user-dir", str(USER_DIR), "--arch", cfg["arch"],
             *to_flags(cfg["task"]), *to_flags(cfg["model"]), *to_flags(train)]
 
@@ -126,6 +134,19 @@ def train_flags(cfg: Dict[str, Any], world_size: int) -> List[str]:
 def generate_flags(cfg: Dict[str, Any]) -> List[str]:
     """fairseq-generate flags of a config, without data dir and checkpoint."""
     return ["--user-dir", str(USER_DIR), *to_flags(cfg["task"]), *to_flags(cfg["generate"])]
+
+
+def target_context(cfg: Dict[str, Any], extra: Sequence[str] = ()) -> Optional[str]:
+    """The target context a document-level config translates with (``--target-context``, last
+    one given wins, as in argparse); None for sentence-level tasks."""
+    if (cfg.get("task") or {}).get("task") != "document_translation":
+        return None
+    value = cfg["task"].get("target-context", "translations")
+    flags = [*to_flags(cfg["generate"]), *extra]
+    for i, flag in enumerate(flags[:-1]):
+        if flag == "--target-context":
+            value = flags[i + 1]
+    return value
 
 
 def load_tables() -> Dict[str, Any]:

@@ -1,17 +1,20 @@
-"""Translate a test set with fairseq-generate, detokenize, and score with the sacrebleu CLI.
+"""Translate a test set with fairseq-generate, detokenize, and score with sacrebleu's Python API.
 
     python -m scripts.evaluate configs/bpt/table7_bpt_k4.yaml        # averages, generates, scores
     python -m scripts.evaluate CONFIG --checkpoint path/to/checkpoint.pt
 
-Two scores, both from the sacrebleu command line (its signature is printed and saved):
+Two scores, each printed and saved with its sacrebleu signature and the test set it is on:
 
-- ``sacrebleu``: detokenized hypotheses (sacremoses) against the untokenized references
-  that ``scripts.prepare_data`` kept (``{subset}.raw.{tgt}``); the reportable number.
+- ``sacrebleu``: detokenized hypotheses (sacremoses) against the untokenized references that
+  ``scripts.prepare_data`` kept (``{subset}.raw.{tgt}``: for WMT, the text of sacrebleu's own test
+  set), with the tokenizer the config names (``sacrebleu_tokenize``: BPT Table 7 ``intl``;
+  default ``13a``, ``zh`` for a Chinese target); the reportable number.
 - ``tokenized``: Moses-tokenized hypotheses against the tokenized references with
-  ``--tokenize none``, i.e. multi-bleu.perl's number. Hyphens are split (``@-@``), which
+  ``tokenize="none"``, i.e. multi-bleu.perl's number. Hyphens are split (``@-@``), which
   is the compound splitting of the usual WMT14 En-De tokenized BLEU.
 
-Lower-cased corpora (IWSLT14) are scored with ``-lc``. Results go to
+Lower-cased corpora (IWSLT14) are scored lower-cased. Document-level configs also record which
+target context the translations were made with (``--target-context``). Results go to
 ``results/<config name>.json``.
 """
 
@@ -23,11 +26,8 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .average_checkpoints import average, last_epoch_checkpoints
-from .config import REPO, generate_flags, load_config, run_key
+from .config import REPO, generate_flags, load_config, run_key, target_context
 from .train import default_data_dir, local_devices
-
-import torch
 
 
 def read_hypotheses(generate_out: str) -> Dict[int, str]:
@@ -47,21 +47,21 @@ def detokenize(lines: List[str], lang: str) -> List[str]:
     return [detok.detokenize(line.split()) for line in lines]
 
 
-def sacrebleu_cli(reference: Path, hypothesis: Path, lowercase: bool, tokenize: Optional[str] = None) -> dict:
-    """Run the sacrebleu command line; returns its JSON (score, signature, ...)."""
-    exe = shutil.which("sacrebleu")
-    if exe is None:
-        raise RuntimeError("the sacrebleu command is not on PATH (pip install sacrebleu)")
-    cmd = [exe, str(reference), "-i", str(hypothesis), "-m", "bleu", "-f", "json"]
-    if lowercase:
-        cmd.append("-lc")
-    if tokenize:
-        cmd += ["--tokenize", tokenize]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads(out)
+def default_tokenize(target_lang: str) -> str:
+    """sacrebleu's tokenizer for detokenized text in ``target_lang`` when a config names none."""
+    return "zh" if target_lang == "zh" else "13a"
 
 
-def score(generate_out: str, data: Path, subset: str, out_dir: Path) -> dict:
+def bleu(hypotheses: List[str], references: List[str], tokenize: str, lowercase: bool) -> dict:
+    """Corpus BLEU through sacrebleu's Python API: {"score", "signature"}."""
+    from sacrebleu.metrics import BLEU
+
+    metric = BLEU(tokenize=tokenize, lowercase=lowercase)
+    result = metric.corpus_score(hypotheses, [references])
+    return {"score": result.score, "signature": str(metric.get_signature())}
+
+
+def score(generate_out: str, data: Path, subset: str, out_dir: Path, tokenize: Optional[str] = None) -> dict:
     """Score fairseq-generate output against the references prepared beside ``data``."""
     meta = json.loads((data / "prep.json").read_text())
     tgt, lowercase = meta["target_lang"], meta["lowercase"]
@@ -73,16 +73,17 @@ def score(generate_out: str, data: Path, subset: str, out_dir: Path) -> dict:
         raise ValueError(f"fairseq-generate produced {len(hyps)} hypotheses for {len(references)} "
                          f"references of {subset}; ids must be 0..{len(references) - 1}")
     tokenized = [hyps[i] for i in range(len(references))]
-    out_dir.mkdir(parents=True, exist_ok=True)
-    files = {name: out_dir / f"{subset}.{name}.{tgt}" for name in ("hyp.tok", "hyp.detok", "ref.tok")}
-    files["hyp.tok"].write_text("".join(h + "\n" for h in tokenized), encoding="utf-8")
-    files["hyp.detok"].write_text("".join(h + "\n" for h in detokenize(tokenized, tgt)), encoding="utf-8")
+    detokenized = detokenize(tokenized, tgt)
     ref_tok = [line.replace("@@ ", "").removesuffix("@@")
                for line in tok_ref_bpe.read_text(encoding="utf-8").splitlines()]
-    files["ref.tok"].write_text("".join(r + "\n" for r in ref_tok), encoding="utf-8")
-    detok = sacrebleu_cli(raw_ref, files["hyp.detok"], lowercase)
-    tok = sacrebleu_cli(files["ref.tok"], files["hyp.tok"], lowercase, tokenize="none")
-    return {"sentences": len(references), "sacrebleu": detok["score"], "sacrebleu_signature": detok["signature"],
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, lines in (("hyp.tok", tokenized), ("hyp.detok", detokenized), ("ref.tok", ref_tok)):
+        (out_dir / f"{subset}.{name}.{tgt}").write_text("".join(x + "\n" for x in lines), encoding="utf-8")
+    detok = bleu(detokenized, references, tokenize or default_tokenize(tgt), lowercase)
+    tok = bleu(tokenized, ref_tok, "none", lowercase)
+    test_set = meta.get("origins", {}).get(subset, f"{meta['corpus']} {subset} (prepared by scripts.prepare_data)")
+    return {"sentences": len(references), "test_set": test_set,
+            "sacrebleu": detok["score"], "sacrebleu_signature": detok["signature"],
             "tokenized": tok["score"], "tokenized_signature": tok["signature"]}
 
 
@@ -93,6 +94,10 @@ def checkpoint_for(cfg, run_dir: Path) -> Path:
         return run_dir / "checkpoint_best.pt"
     averaged = run_dir / f"checkpoint_avg{n}.pt"
     if not averaged.exists():
+        import torch  # here: the dry runs of the table scripts need no torch
+
+        from .average_checkpoints import average, last_epoch_checkpoints
+
         paths = last_epoch_checkpoints(run_dir, n)
         print("averaging " + ", ".join(p.name for p in paths), flush=True)
         torch.save(average(paths), averaged)
@@ -119,10 +124,13 @@ def evaluate(cfg, data: Path, checkpoint: Path, subset: str, results_dir: Path, 
     (work / f"generate-{subset}.txt").write_text(out, encoding="utf-8")
     result = {"config": cfg["name"], "table": cfg["table"], "row": cfg["row"], "column": cfg["column"],
               "run": checkpoint.parent.name, "checkpoint": str(checkpoint), "subset": subset,
-              **score(out, data, subset, work)}
+              "target_context": target_context(cfg, extra),
+              **score(out, data, subset, work, cfg.get("sacrebleu_tokenize"))}
     (results_dir / f"{cfg['name']}.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{cfg['name']}: SacreBLEU {result['sacrebleu']:.2f} ({result['sacrebleu_signature']}); "
-          f"tokenized BLEU {result['tokenized']:.2f}", flush=True)
+    context = f"; target context: {result['target_context']}" if result["target_context"] else ""
+    print(f"{cfg['name']} on {result['test_set']}{context}\n"
+          f"  SacreBLEU {result['sacrebleu']:.2f}  {result['sacrebleu_signature']}\n"
+          f"  tokenized BLEU {result['tokenized']:.2f}  {result['tokenized_signature']}", flush=True)
     return result
 
 

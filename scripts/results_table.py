@@ -4,7 +4,9 @@
 
 Row order, columns and the rows we do not rerun (prior work, unimplemented ablations)
 come from ``configs/tables.yaml``; our numbers from ``results/<config>.json``
-(written by scripts.evaluate). Missing results show as "-".
+(written by scripts.evaluate). Missing results show as "-". Each row's notes give the test set
+and the sacrebleu signature of each of our numbers, and mark document-level numbers that were not
+made with the model's own context (the oracle reference context, or same-pass decoding).
 """
 
 import argparse
@@ -15,6 +17,10 @@ from typing import Dict, List
 from .config import REPO, all_configs, load_tables
 
 METRIC_NAMES = {"sacrebleu": "SacreBLEU", "tokenized": "tok. BLEU"}
+CONTEXT_MARKS = {
+    "oracle-reference": "**oracle context** (reference translations of the preceding sentences)",
+    "same-pass": "context translated in the same beam search (same-pass)",
+}
 
 
 def _fmt(x) -> str:
@@ -40,7 +46,6 @@ def render(table_id: str, results_dir: Path, configs=None) -> str:
     header.append("Notes")
     lines = [f"### {spec['title']}", "", "| " + " | ".join(header) + " |",
              "|" + "|".join(["---"] + ["---:"] * (len(header) - 2) + ["---"]) + "|"]
-    signatures = set()
     labelled = set()
     for row in spec["rows"]:
         if isinstance(row, dict):  # reported only
@@ -59,16 +64,18 @@ def render(table_id: str, results_dir: Path, configs=None) -> str:
             res = json.loads(res_path.read_text()) if res_path.exists() else {}
             for m in metrics:
                 values += [_fmt(cfg["reported"].get(m)), _fmt(res.get(m))]
-                if m in res:
-                    signatures.add(res[f"{m}_signature"])
             if not res:
                 notes.append(f"`{cfg['name']}` not evaluated")
+                continue
+            where = f"{col}: " if len(spec["columns"]) > 1 else ""
+            notes.append(where + f"{res.get('test_set', 'test set not recorded')}, " + ", ".join(
+                f"{METRIC_NAMES[m]} `{res[f'{m}_signature']}`" for m in metrics))
+            if res.get("target_context") in CONTEXT_MARKS:
+                notes.append(where + CONTEXT_MARKS[res["target_context"]])
         lines.append("| " + " | ".join([row, *values, "; ".join(notes)]) + " |")
     stray = {r for r, _ in cells} - labelled
     if stray:
         raise ValueError(f"{table_id}: configs with rows not in tables.yaml: {sorted(stray)}")
-    if signatures:
-        lines += ["", "sacrebleu signatures: " + "; ".join(f"`{s}`" for s in sorted(signatures))]
     return "\n".join(lines) + "\n"
 
 
