@@ -28,9 +28,9 @@ def test_every_row_trains_and_translates_with_its_context_length(table, tmp_path
             assert table == "bpt-table5" and context is None
             continue
         assert context is not None and int(context.group(1)) in (0, 32, 64, 128)
-    if table == "bpt-table5":  # BPT (k = 4, l = 64) is the one document-level row
+    if table == "bpt-table5":  # "BPT (k = 4, l = 64)" is the one document-level row, run at l = 32
         assert [c for c in commands if "--task document_translation" in c] == [
-            c for c in commands if "--context-tokens 64" in c and "--arch bpt_document" in c]
+            c for c in commands if "--context-tokens 32" in c and "--arch bpt_document" in c]
         assert len([c for c in commands if "--task document_translation" in c]) == 1
     if table == "bpt-table6":
         columns = sorted(int(re.search(r"--context-tokens (\d+)", c).group(1)) for c in commands)
@@ -51,3 +51,4 @@ def test_document_level_row_end_to_end_on_the_fixture(tmp_path):
     assert result["sentences"] == len(test_docids)
     saved = json.loads((tmp_path / "results" / "bpt" / "table6_transformer_l32.json").read_text())
     assert saved["column"] == "32" and saved["row"] == "Transformer"
+    assert saved["target_context"] == "translations" and saved["test_set"] == "iwslt15-zh-en test (prepared by scripts.prepare_data)"

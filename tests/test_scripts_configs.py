@@ -72,7 +72,19 @@ def test_configs_fill_every_table_cell_and_rows_exist():
 def test_reported_numbers_of_key_rows():
     by_name = {c["name"]: c for c in CONFIGS}
     assert by_name["bpt/table7_bpt_k4"]["reported"] == {"sacrebleu": 27.6}
-    assert by_name["bpt/table5_bpt_k4_l64"]["task"] == {"task": "document_translation", "context-tokens": 64}
+    # Table 5 prints l = 64 for 19.84; the text and Table 6 say l = 32: the config runs 32 and says why
+    table5 = by_name["bpt/table5_bpt_k4_l32"]
+    assert table5["row"] == "BPT (k = 4, l = 64)" and table5["reported"] == {"tokenized": 19.84}
+    assert table5["task"] == {"task": "document_translation", "context-tokens": 32} and "contradicts" in table5["note"]
+    assert config_mod.run_key(table5) == config_mod.run_key(by_name["bpt/table6_bpt_k4_l32"])
+    # scoring as each paper: BPT Table 7's footnote signature names the intl tokenizer
+    assert {c["sacrebleu_tokenize"] for c in CONFIGS if c["table"] == "bpt-table7"} == {"intl"}
+    assert all("sacrebleu_tokenize" in c for c in CONFIGS)
+    # TranSFormer En-De validates on newstest2016 (its data recipe); Zh-En baselines read words
+    assert {c["data"] for c in CONFIGS if c["paper"] == "slowfast" and "En-De" not in c["column"]
+            and "wmt14" in c["data"]} == {"wmt14-en-de-slowfast"}
+    assert by_name["slowfast/table2_transformer_big"]["data"] == "wmt17-zh-en"
+    assert by_name["slowfast/table2_transformer_big_characters"]["data"] == "wmt17-zh-en-characters"
     assert by_name["slowfast/table1_transformer_base"]["reported"] == {"tokenized": 28.56, "sacrebleu": 27.6}
     assert by_name["slowfast/table2_transformer_slowfast_h64"]["generate"]["lenpen"] == 1.3
 
@@ -88,6 +100,7 @@ def test_bad_configs_are_rejected(tmp_path):
     good = yaml.safe_load(Path(config_mod.CONFIG_DIR / "bpt" / "table7_transformer.yaml").read_text())
     for change, message in [({"arch": None}, "must be a str"), ({"typo": 1}, "unknown key"),
                             ({"reported": {"bleu": 1.0}}, "reported must map"),
+                            ({"sacrebleu_tokenize": "moses"}, "sacrebleu_tokenize must be one of"),
                             ({"train": {"save-dir": "x"}}, "scripts set themselves")]:
         path = tmp_path / "bad.yaml"
         path.write_text(yaml.dump({**good, **change}))
@@ -99,16 +112,39 @@ def test_results_table_shows_paper_and_our_numbers(tmp_path):
     import json
 
     (tmp_path / "bpt").mkdir()
+    signature = "nrefs:1|case:mixed|eff:no|tok:intl|smooth:exp|version:2.6.0"
     (tmp_path / "bpt" / "table7_bpt_k4.json").write_text(json.dumps(
-        {"sacrebleu": 27.31, "sacrebleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"}))
+        {"sacrebleu": 27.31, "sacrebleu_signature": signature, "test_set": "sacrebleu -t wmt14 -l en-de"}))
     text = render("bpt-table7", tmp_path, CONFIGS)
     lines = text.splitlines()
     assert lines[0].startswith("### BPT Table 7")
-    assert "| BPT (k = 4) | 27.60 | 27.31 |  |" in lines
+    # the signature and test set stand beside the number they belong to
+    assert f"| BPT (k = 4) | 27.60 | 27.31 | sacrebleu -t wmt14 -l en-de, SacreBLEU `{signature}` |" in lines
     assert "| ByteNet (Kalchbrenner et al., 2016) | 23.75 | - | prior work, not rerun |" in lines
     assert any("`bpt/table7_bpt_k1` not evaluated" in line for line in lines)
-    assert "tok:13a" in lines[-1]
     # rows come in the paper's order
     order = [line.split(" | ")[0][2:] for line in lines if line.startswith("| ") and "---" not in line][1:]
     assert order[:4] == ["ByteNet (Kalchbrenner et al., 2016)", "GNMT+RL (Wu et al., 2016)",
                          "ConvS2S (Gehring et al., 2017)", "Transformer (Vaswani et al., 2017)"]
+
+
+@pytest.mark.parametrize("context,mark", [("translations", None), ("oracle-reference", "**oracle context**"),
+                                          ("same-pass", "same-pass")])
+def test_results_table_marks_numbers_not_made_with_the_models_own_context(tmp_path, context, mark):
+    import json
+
+    (tmp_path / "bpt").mkdir()
+    (tmp_path / "bpt" / "table6_bpt_k4_l32.json").write_text(json.dumps(
+        {"tokenized": 19.5, "tokenized_signature": "nrefs:1|tok:none", "test_set": "iwslt15-zh-en test",
+         "target_context": context}))
+    row = next(line for line in render("bpt-table6", tmp_path, CONFIGS).splitlines() if line.startswith("| BPT (k=4)"))
+    assert "19.50" in row and "32: iwslt15-zh-en test, tok. BLEU `nrefs:1|tok:none`" in row
+    assert (mark in row) if mark else ("oracle" not in row and "same-pass" not in row)
+
+
+def test_target_context_of_a_config_and_its_overrides():
+    by_name = {c["name"]: c for c in CONFIGS}
+    assert config_mod.target_context(by_name["bpt/table7_bpt_k4"]) is None  # sentence-level
+    doc = by_name["bpt/table6_bpt_k4_l32"]
+    assert config_mod.target_context(doc) == "translations"
+    assert config_mod.target_context(doc, ["--beam", "2", "--target-context", "oracle-reference"]) == "oracle-reference"
