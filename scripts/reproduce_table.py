@@ -4,6 +4,7 @@
     python -m scripts.reproduce_table bpt-table7 --dry-run         # show the plan and commands
     python -m scripts.reproduce_table slowfast-table5 --stages evaluate,table
     python -m scripts.reproduce_table bpt-table7 -- --max-update 20   # extra fairseq-train flags
+    bash scripts/tables/bpt_table7.sh --dry-run                     # the same, with its GPU settings
 
 Rows that describe the same model (same data, arch and options) train once. Each stage
 skips work already done: prepared data-bins, finished results JSON; fairseq resumes
@@ -30,7 +31,13 @@ def main(argv=None) -> str:
     p.add_argument("--runs-dir", type=Path, default=REPO / "runs")
     p.add_argument("--results-dir", type=Path, default=REPO / "results")
     p.add_argument("--workers", type=int, default=8, help="data preparation processes")
-    p.add_argument("--world-size", type=int, help="GPUs (default: all visible; 0 = CPU)")
+    p.add_argument("--world-size", type=int, help="GPUs per node (default: all visible; 0 = CPU)")
+    p.add_argument("--update-freq", type=train.update_freq_arg, default=None, metavar="N|auto",
+                   help="fairseq's --update-freq (default auto: the paper's batch on these GPUs)")
+    p.add_argument("--nnodes", type=int, default=1, help="nodes; run the command on each (torchrun)")
+    p.add_argument("--node-rank", type=int, default=0, help="this node's rank; node 0 evaluates")
+    p.add_argument("--master-addr", default="", help="address of node 0 (several nodes)")
+    p.add_argument("--master-port", type=int, default=29500)
     p.add_argument("--fp16", action="store_true")
     p.add_argument("--dry-run", action="store_true")
     args = p.parse_args(ours)
@@ -61,9 +68,14 @@ def main(argv=None) -> str:
             targs = [cfg_path, "--data", str(data), "--runs-dir", str(args.runs_dir)]
             if args.world_size is not None:
                 targs += ["--world-size", str(args.world_size)]
+            if args.update_freq is not None:
+                targs += ["--update-freq", str(args.update_freq)]
+            if args.nnodes > 1:
+                targs += ["--nnodes", str(args.nnodes), "--node-rank", str(args.node_rank),
+                          "--master-addr", args.master_addr, "--master-port", str(args.master_port)]
             targs += ["--fp16"] * args.fp16 + ["--dry-run"] * args.dry_run
             train.main(targs + (["--", *extra] if extra else []))
-        if "evaluate" in stages:
+        if "evaluate" in stages and args.node_rank == 0:  # the other nodes only trained
             for c in cfgs:
                 done = args.results_dir / f"{c['name']}.json"
                 if done.exists():
@@ -73,7 +85,7 @@ def main(argv=None) -> str:
                 else:
                     ckpt = evaluate.checkpoint_for(c, args.runs_dir / key)
                     evaluate.evaluate(c, data, ckpt, "test", args.results_dir)
-    if "table" not in stages:
+    if "table" not in stages or args.node_rank != 0:
         return ""
     return results_table.main([args.table, "--results-dir", str(args.results_dir)])
 

@@ -5,7 +5,8 @@
     python -m scripts.train CONFIG --nnodes 2 --node-rank 0 --master-addr HOST   # multi-node (torchrun)
     python -m scripts.train CONFIG -- --max-update 100                     # extra fairseq-train flags
 
-The paper's batch is kept on fewer devices by scaling ``--update-freq`` (config ``gpus``).
+The paper's batch is kept on fewer devices by scaling ``--update-freq`` (config ``gpus``), unless
+``--update-freq N`` is given.
 Checkpoints go to ``runs/<run key>`` (shared by configs that describe the same model);
 fairseq resumes from ``checkpoint_last.pt`` there when rerun.
 """
@@ -16,7 +17,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 from .config import REPO, load_config, run_key, train_flags
 
@@ -33,13 +34,13 @@ def local_devices() -> int:
 
 def build_command(cfg, data: Path, save_dir: Path, gpus_per_node: int, nnodes: int = 1,
                   node_rank: int = 0, master_addr: str = "", master_port: int = 29500,
-                  fp16: bool = False, extra: List[str] = ()) -> List[str]:
+                  fp16: bool = False, extra: List[str] = (), update_freq: Optional[int] = None) -> List[str]:
     """The fairseq-train command line (wrapped in torchrun for several nodes)."""
     exe = shutil.which("fairseq-train")
     if exe is None:
         raise RuntimeError("fairseq-train not found on PATH: run scripts/setup.sh")
     world = max(1, gpus_per_node) * nnodes
-    cmd = [exe, str(data), "--save-dir", str(save_dir), *train_flags(cfg, world)]
+    cmd = [exe, str(data), "--save-dir", str(save_dir), *train_flags(cfg, world, update_freq)]
     if gpus_per_node == 0:
         if nnodes > 1:
             raise ValueError("multi-node training needs GPUs")
@@ -58,6 +59,15 @@ def build_command(cfg, data: Path, save_dir: Path, gpus_per_node: int, nnodes: i
     return cmd
 
 
+def update_freq_arg(value: str) -> Optional[int]:
+    """``auto`` (None: keep the paper's batch) or a positive number of batches per update."""
+    if value == "auto":
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {value!r}")
+    return int(value)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config", type=Path)
@@ -68,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node-rank", type=int, default=0)
     p.add_argument("--master-addr", default="")
     p.add_argument("--master-port", type=int, default=29500)
+    p.add_argument("--update-freq", type=update_freq_arg, default=None, metavar="N|auto",
+                   help="fairseq's --update-freq (default auto: the paper's batch on these devices)")
     p.add_argument("--fp16", action="store_true", help="mixed precision (GPU)")
     p.add_argument("--dry-run", action="store_true", help="print the command only")
     return p
@@ -92,7 +104,7 @@ def main(argv=None) -> Path:
     save_dir = args.runs_dir / run_key(cfg)
     gpus = local_devices() if args.world_size is None else args.world_size
     cmd = build_command(cfg, data, save_dir, gpus, args.nnodes, args.node_rank, args.master_addr,
-                        args.master_port, args.fp16, extra)
+                        args.master_port, args.fp16, extra, args.update_freq)
     print(shlex.join(cmd), flush=True)
     if not args.dry_run:
         save_dir.mkdir(parents=True, exist_ok=True)
