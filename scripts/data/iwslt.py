@@ -51,7 +51,7 @@ def _xml_sets(files, year: int, sets: List[str], pair: str, src: str, tgt: str) 
         docids += [f"{name}.{x}" for x in d]
         s += a
         t += b
-    return Split(s, t, docids)
+    return Split(s, t, docids, origin=f"IWSLT{year} {pair} {'+'.join(sets)} (WIT3 xml)")
 
 
 def iwslt14_de_en(raw_dir: Optional[Path], cache_dir: Path, extra: Sequence[Path] = ()):
