@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from .config import REPO, generate_flags, load_config, run_key, target_context
+from .data.common import unsegment_chinese
 from .train import default_data_dir, local_devices
 
 
@@ -41,10 +42,12 @@ def read_hypotheses(generate_out: str) -> Dict[int, str]:
 
 
 def detokenize(lines: List[str], lang: str) -> List[str]:
+    """Moses detokenization; Chinese also loses the spaces its word segmentation put in."""
     from sacremoses import MosesDetokenizer
 
     detok = MosesDetokenizer(lang=lang)
-    return [detok.detokenize(line.split()) for line in lines]
+    out = [detok.detokenize(line.split()) for line in lines]
+    return [unsegment_chinese(line) for line in out] if lang == "zh" else out
 
 
 def default_tokenize(target_lang: str) -> str:

@@ -126,3 +126,21 @@ def test_parse_train_log_requires_params_and_progress():
         {"params": 12345, "updates": 5, "words_per_second": 250.0}
     with pytest.raises(ValueError, match="num. model params"):
         demo.parse_train_log("epoch 001 | wps 1 | num_updates 1")
+
+
+def test_chinese_target_is_joined_and_scored_with_the_zh_tokenizer(tmp_path):
+    data = tmp_path / "data"
+    (data / "text").mkdir(parents=True)
+    (data / "prep.json").write_text(json.dumps({"corpus": "toy", "target_lang": "zh", "lowercase": False}))
+    references = ["这是一个关于海洋的故事。", "我用iPhone拍了照片。"]
+    (data / "test.raw.zh").write_text("".join(r + "\n" for r in references), encoding="utf-8")
+    (data / "text" / "test.zh").write_text("这是 一个 关于 海@@ 洋 的 故事 。\n我 用 iPhone 拍 了 照片 。\n",
+                                           encoding="utf-8")
+    out = "D-0\t-0.1\t这是 一个 关于 海洋 的 故事 。\nD-1\t-0.2\t我 用 iPhone 拍 了 照片 。\n"
+    result = evaluate.score(out, data, "test", tmp_path / "work")
+    assert "tok:zh" in result["sacrebleu_signature"] and result["sacrebleu"] == pytest.approx(100.0)
+    assert result["tokenized"] == pytest.approx(100.0) and "tok:none" in result["tokenized_signature"]
+    assert (tmp_path / "work" / "test.hyp.detok.zh").read_text(encoding="utf-8").splitlines()[0] == references[0]
+    assert result["test_set"] == "toy test (prepared by scripts.prepare_data)"
+    named = evaluate.score(out, data, "test", tmp_path / "work", tokenize="char")
+    assert "tok:char" in named["sacrebleu_signature"]

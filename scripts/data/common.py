@@ -259,6 +259,15 @@ def segment_chinese(line: str, how: str) -> str:
     return " ".join(word for word in jieba.cut(line) if word.strip())
 
 
+_CJK_SPACE_RE = re.compile(f"(?<=[{_CJK}]) +(?=[{_CJK}])")
+
+
+def unsegment_chinese(line: str) -> str:
+    """Undo ``segment_chinese`` in detokenized output: no space between two CJK characters
+    (Chinese is written without spaces; sacrebleu's zh tokenizer then splits it for scoring)."""
+    return _CJK_SPACE_RE.sub("", line)
+
+
 @dataclass(frozen=True)
 class TextProcessor:
     """Moses punctuation normalisation + tokenization for one language; Chinese is first
