@@ -133,20 +133,13 @@ class DocumentTranslationTask(TranslationTask):
 
     def _decodes_in_document_order(self, split) -> bool:
         """Splits that may be translated with the model's own context are batched so that a
-        sentence comes after its context (training batches stay fairseq's)."""
+        sentence comes after its context (training batches stay fairseq's; validation loss does
+        not depend on the order, so sharded validation in distributed training is fine)."""
         return (
             self.cfg.target_context == "translations"
             and self.cfg.context_tokens > 0
             and split != self.cfg.train_subset
         )
-
-    def get_batch_iterator(self, dataset, *args, num_shards=1, **kwargs):
-        if getattr(dataset, "document_order", False) and num_shards > 1:
-            raise ValueError(
-                "--target-context translations decodes a document's sentences one after the other "
-                "on one process; generate with one process (or use --target-context oracle-reference)"
-            )
-        return super().get_batch_iterator(dataset, *args, num_shards=num_shards, **kwargs)
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
         """Decode the sample with its target context, then keep only the current sentence of
@@ -203,8 +196,9 @@ class DocumentTranslationTask(TranslationTask):
                 if previous not in done:
                     raise RuntimeError(
                         f"{split}: sentence {sentence} needs the translation of sentence {previous}, "
-                        "which was not decoded before it (skipped by a size limit, or batches not "
-                        "in document order); use --target-context oracle-reference or same-pass"
+                        "which was not decoded before it on this process (skipped by a size limit, "
+                        "batches not in document order, or decoding split over several processes); "
+                        "translate on one process, or use --target-context oracle-reference or same-pass"
                     )
                 parts += [done[previous], torch.tensor([self.sentence_separator])]
             rows.append(torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long))
