@@ -155,7 +155,8 @@ class DocumentTranslationTask(TranslationTask):
         elif self.cfg.target_context == "oracle-reference":
             context = sample["target_context"]
         else:
-            context = self._own_translations(split, sample["id"]).to(sample["net_input"]["src_tokens"].device)
+            context = self._own_translations(split, sample["id"])
+            context = context.to(sample["net_input"]["src_tokens"].device)
         if context is not None and context.size(1) == 0:
             context = None
         with torch.no_grad():
@@ -202,7 +203,8 @@ class DocumentTranslationTask(TranslationTask):
                     )
                 parts += [done[previous], torch.tensor([self.sentence_separator])]
             rows.append(torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long))
-        context = torch.full((len(rows), max(len(r) for r in rows)), self.tgt_dict.pad(), dtype=torch.long)
+        width = max(len(r) for r in rows)
+        context = torch.full((len(rows), width), self.tgt_dict.pad(), dtype=torch.long)
         for row, tokens in enumerate(rows):
             context[row, : len(tokens)] = tokens
         return context
