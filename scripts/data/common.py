@@ -12,6 +12,7 @@ Layout written under ``out``::
     out/dict.*.txt, out/{split}.{src}-{tgt}.{lang}.{bin,idx}   fairseq-preprocess output
 """
 
+import functools
 import gzip
 import json
 import logging
@@ -21,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 import urllib.request
 import zipfile
 from collections import Counter
@@ -35,6 +37,29 @@ DEFAULT_CACHE = Path.home() / ".cache" / "fairseq_plugins" / "raw"
 
 def log(msg: str) -> None:
     print(f"[prepare] {msg}", file=sys.stderr, flush=True)
+
+
+class Progress:
+    """A tqdm bar with rate and ETA on a terminal; in a log file (no TTY) no bar, only one line with
+    the count and the time when it ends (bars would fill a log with carriage-return updates)."""
+
+    def __init__(self, total: Optional[int], what: str, unit: str = " lines", **tqdm_kwargs):
+        self.what, self.unit, self.n, self.start = what, unit, 0, time.monotonic()
+        self.bar = tqdm(total=total, desc=f"[prepare] {what}", unit=unit, mininterval=1.0,
+                        file=sys.stderr, disable=None, **tqdm_kwargs)
+        self.in_log = bool(self.bar.disable)  # tqdm turned itself off: stderr is no terminal
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        self.bar.update(n)
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.close()
+        if self.in_log and exc[0] is None:
+            log(f"{self.what}: {self.n:,}{self.unit} in {time.monotonic() - self.start:.0f} s")
 
 
 # --------------------------------------------------------------------------- fetching
@@ -52,9 +77,8 @@ def _download(url: str, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_suffix(dest.suffix + ".part")
     log(f"downloading {url}")
-    with urllib.request.urlopen(url) as resp, open(tmp, "wb") as fh, tqdm(
-        total=int(resp.headers.get("Content-Length") or 0) or None, unit="B", unit_scale=True,
-        desc=f"[prepare] {dest.name}", file=sys.stderr,
+    with urllib.request.urlopen(url) as resp, open(tmp, "wb") as fh, Progress(
+        int(resp.headers.get("Content-Length") or 0) or None, dest.name, unit="B", unit_scale=True
     ) as bar:
         while chunk := resp.read(1 << 20):
             fh.write(chunk)
@@ -321,9 +345,13 @@ def map_lines(fn: Callable[[str], str], lines: List[str], workers: int, what: st
     else:
         pool = multiprocessing.get_context("fork").Pool(workers, initializer, initargs)
         it = pool.imap(fn, lines, chunksize=2000)
+    out = []
     try:
-        return list(tqdm(it, total=len(lines), desc=f"[prepare] {what}", unit=" lines",
-                         mininterval=2.0, file=sys.stderr))
+        with Progress(len(lines), what) as bar:
+            for line in it:
+                out.append(line)
+                bar.update()
+        return out
     finally:
         if pool is not None:
             pool.close()
@@ -343,17 +371,20 @@ def keep_clean(src: List[str], tgt: List[str], max_len: int, ratio: float) -> Li
 
 def learn_bpe(texts: List[List[str]], merges: int, codes: Path) -> None:
     """subword-nmt merges learnt from the word counts of ``texts`` (counting and merging both show
-    progress with an ETA: subword-nmt's own bar for the merges)."""
-    from subword_nmt.learn_bpe import learn_bpe as _learn
+    progress with an ETA on a terminal: subword-nmt's own bar for the merges)."""
+    import subword_nmt.learn_bpe as subword_learn
 
     counts: Counter = Counter()
-    for line in tqdm((line for lines in texts for line in lines), total=sum(map(len, texts)),
-                     desc=f"[prepare] word counts for {codes.name}", unit=" lines", mininterval=2.0,
-                     file=sys.stderr):
-        counts.update(line.split())
+    with Progress(sum(map(len, texts)), f"word counts for {codes.name}") as bar:
+        for lines in texts:
+            for line in lines:
+                counts.update(line.split())
+            bar.update(len(lines))
     log(f"learning {merges} BPE merges from {len(counts)} word types -> {codes.name}")
+    subword_learn.tqdm = functools.partial(tqdm, disable=None)  # its bar on a terminal only
     with open(codes, "w", encoding="utf-8") as out:
-        _learn([f"{word} {n}\n" for word, n in counts.items()], out, merges, min_frequency=2, is_dict=True)
+        subword_learn.learn_bpe([f"{word} {n}\n" for word, n in counts.items()], out, merges,
+                                min_frequency=2, is_dict=True)
 
 
 # --------------------------------------------------------------------------- pipeline
