@@ -10,7 +10,6 @@ whose decoding step completes it, so full forward and incremental decoding agree
 
 import torch
 from fairseq.models import register_model, register_model_architecture
-from fairseq.models.transformer import TransformerConfig
 from fairseq.models.transformer.transformer_legacy import base_architecture
 
 from fairseq_plugins.graphs.binary_partition import node_levels
@@ -26,8 +25,11 @@ from fairseq_plugins.modules.document.sentence_aligned_attention import Sentence
 
 class DocumentGraphDecoder(SentenceAlignedDecoderMixin, GraphTransformerDecoder):
     def cross_attention_rows(self, mask):
-        """Token rows -> node rows (tokens, then spans level by level): a span takes the row
-        of the last token it covers."""
+        """Token rows -> the rows of the nodes that cross-attend: the tokens themselves, or
+        with ``--graph-cross-attention nodes`` tokens then spans level by level, where a span
+        takes the row of the last token it covers."""
+        if self.cross_attention_from == "tokens":
+            return mask
         length = mask.size(1)
         level, index = node_levels(length)
         last_token = torch.clamp(((index + 1) << level) - 1, max=length - 1)
@@ -39,18 +41,16 @@ class BPTDocumentModel(BPTTransformerModel):
     """BPT whose cross-attention stays on the aligned sentence of a document-level sample."""
 
     @classmethod
-    def build_encoder(cls, args, src_dict, embed_tokens):
-        if args.graph_sides in ("encoder", "both"):
-            return GraphTransformerEncoder(args, src_dict, embed_tokens)  # keeps src_tokens
-        return DocumentTransformerEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens)
+    def build_encoder(cls, cfg, src_dict, embed_tokens):
+        if cfg.graph_sides in ("encoder", "both"):
+            return GraphTransformerEncoder(cfg, src_dict, embed_tokens)  # keeps src_tokens
+        return DocumentTransformerEncoder(cfg, src_dict, embed_tokens)
 
     @classmethod
-    def build_decoder(cls, args, tgt_dict, embed_tokens):
-        no_encoder_attn = getattr(args, "no_cross_attention", False)
-        if args.graph_sides in ("decoder", "both"):
-            return DocumentGraphDecoder(args, tgt_dict, embed_tokens, no_encoder_attn=no_encoder_attn)
-        return DocumentTransformerDecoder(TransformerConfig.from_namespace(args), tgt_dict, embed_tokens,
-                                          no_encoder_attn=no_encoder_attn)
+    def build_decoder(cls, cfg, tgt_dict, embed_tokens):
+        if cfg.graph_sides in ("decoder", "both"):
+            return DocumentGraphDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
+        return DocumentTransformerDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
 
 
 @register_model_architecture("bpt_document", "bpt_document")

@@ -12,12 +12,15 @@ creation order, see ``causal_step_rows``); a step runs the new token and the spa
 completes through all layers, each attending to O(k log t) cached nodes (spans: their tokens).
 """
 
+import copy
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 import torch
 from torch import Tensor
 
 from fairseq import utils
+from fairseq.dataclass import ChoiceEnum
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
     TransformerConfig, TransformerDecoderBase, TransformerEncoderBase, TransformerModel,
@@ -25,14 +28,59 @@ from fairseq.models.transformer import (
 from fairseq.models.transformer.transformer_legacy import base_architecture, transformer_iwslt_de_en
 
 from fairseq_plugins.graphs.binary_partition import TreeGraphSpec, causal_step_rows, node_present
+from fairseq_plugins.models.model_options import (
+    PluginTransformerConfig, add_config_args, check_at_least, check_choice, set_default_options,
+)
 from fairseq_plugins.modules.bpt.graph_self_attention import DecoderStep
-from fairseq_plugins.modules.bpt.graph_transformer_layers import GraphDecoderLayer, GraphEncoderLayer
+from fairseq_plugins.modules.bpt.graph_transformer_layers import (
+    CROSS_ATTENTION_FROM, GraphDecoderLayer, GraphEncoderLayer,
+)
 
 GRAPH_SIDES = ("encoder", "decoder", "both")
+TOKEN_POSITIONS = ("none", "absolute")
+GRAPH_ATTENTION_BACKENDS = ("auto", "torch", "triton", "cuda", "flex")
+# what the plugin did before the paper's choices became options; configs built then lack them
+PLUGIN_V1 = dict(graph_token_positions="absolute", graph_cross_attention="nodes")
 
 
-def graph_spec(args, causal: bool) -> TreeGraphSpec:
-    return TreeGraphSpec(args.graph_kind, args.graph_k, args.graph_rel_clip, causal)
+@dataclass
+class GraphTransformerConfig(PluginTransformerConfig):
+    """fairseq's transformer options plus those of the tree-graph models (BPT, SegTree)."""
+
+    graph_k: int = field(default=4, metadata={"help": "context nodes per level and side (BPT's k; SegTree: 1)"})
+    graph_rel_clip: int = field(
+        default=2, metadata={"help": "levels >= L share their relative-position embeddings (>= 1)"})
+    graph_sides: ChoiceEnum(GRAPH_SIDES) = field(
+        default="both", metadata={"help": "which side(s) use graph attention; the other is a stock transformer"})
+    graph_token_positions: ChoiceEnum(TOKEN_POSITIONS) = field(
+        default="none", metadata={"help": "what token nodes start from on a graph side: none = word embeddings "
+                                          "only, order from the tree's relative positions (the papers); "
+                                          "absolute = plus fairseq's positional embeddings (plugin v1)"})
+    graph_cross_attention: ChoiceEnum(CROSS_ATTENTION_FROM) = field(
+        default="tokens", metadata={"help": "which decoder nodes attend to the encoder: tokens (BPT sec. 4.3) "
+                                            "or nodes = tokens and spans (plugin v1)"})
+    graph_attention_backend: ChoiceEnum(GRAPH_ATTENTION_BACKENDS) = field(
+        default="auto", metadata={"help": "graph attention implementation (see docs/cuda_ext.md)"})
+
+
+def graph_spec(cfg, causal: bool) -> TreeGraphSpec:
+    return TreeGraphSpec(cfg.graph_kind, cfg.graph_k, cfg.graph_rel_clip, causal)
+
+
+def built_by_plugin_v1(args) -> bool:
+    """A model config saved before the paper options existed: those builds wrote the graph
+    kind into it (``graph_kind``); builds now keep it off the config they are given."""
+    return getattr(args, "graph_kind", None) is not None
+
+
+def graph_side_config(cfg):
+    """The config a graph side builds with: without fairseq's positional embeddings unless
+    ``--graph-token-positions absolute``."""
+    if cfg.graph_token_positions == "absolute":
+        return cfg
+    cfg = copy.copy(cfg)
+    cfg.no_token_positional_embeddings = True
+    return cfg
 
 
 def _nodes(tokens: Tensor, num_nodes: int) -> Tensor:
@@ -42,12 +90,12 @@ def _nodes(tokens: Tensor, num_nodes: int) -> Tensor:
 
 
 class GraphTransformerEncoder(TransformerEncoderBase):
-    def __init__(self, args, dictionary, embed_tokens):
-        self._spec = graph_spec(args, causal=False)
-        super().__init__(TransformerConfig.from_namespace(args), dictionary, embed_tokens)
+    def __init__(self, cfg: GraphTransformerConfig, dictionary, embed_tokens):
+        self._spec = graph_spec(cfg, causal=False)
+        super().__init__(graph_side_config(cfg), dictionary, embed_tokens)
 
     def build_encoder_layer(self, cfg):
-        return GraphEncoderLayer(cfg, self._spec.types.num_types)
+        return GraphEncoderLayer(cfg, self._spec.types.num_types, backend=cfg.graph_attention_backend)
 
     def forward(self, src_tokens, src_lengths: Optional[Tensor] = None,
                 return_all_hiddens: bool = False, token_embeddings: Optional[Tensor] = None):
@@ -86,13 +134,15 @@ class GraphTransformerEncoder(TransformerEncoderBase):
 
 
 class GraphTransformerDecoder(TransformerDecoderBase):
-    def __init__(self, args, dictionary, embed_tokens, no_encoder_attn=False):
-        self._spec = graph_spec(args, causal=True)
-        super().__init__(TransformerConfig.from_namespace(args), dictionary, embed_tokens,
-                         no_encoder_attn=no_encoder_attn)
+    def __init__(self, cfg: GraphTransformerConfig, dictionary, embed_tokens, no_encoder_attn=False):
+        self._spec = graph_spec(cfg, causal=True)
+        self.cross_attention_from = cfg.graph_cross_attention
+        super().__init__(graph_side_config(cfg), dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        return GraphDecoderLayer(cfg, self._spec.types.num_types, no_encoder_attn=no_encoder_attn)
+        return GraphDecoderLayer(cfg, self._spec.types.num_types, no_encoder_attn=no_encoder_attn,
+                                 backend=cfg.graph_attention_backend,
+                                 cross_attention_from=self.cross_attention_from)
 
     def _embed(self, prev_output_tokens, incremental_state):
         positions = None
@@ -154,7 +204,7 @@ class GraphTransformerDecoder(TransformerDecoderBase):
             x, layer_attn, _ = layer(
                 x, enc, padding_mask, incremental_state, graph=graph,
                 self_attn_padding_mask=absent, need_attn=idx == alignment_layer,
-                need_head_weights=idx == alignment_layer,
+                need_head_weights=idx == alignment_layer, num_tokens=num_new,
             )
             inner_states.append(x[:num_new])
             if layer_attn is not None and idx == alignment_layer:
@@ -172,15 +222,6 @@ class GraphTransformerDecoder(TransformerDecoderBase):
         return x, {"attn": [attn], "inner_states": inner_states}
 
 
-def add_graph_args(parser):
-    parser.add_argument("--graph-k", type=int, metavar="K",
-                        help="context nodes per level and side (BPT's k)")
-    parser.add_argument("--graph-rel-clip", type=int, metavar="L",
-                        help="levels >= L share their relative-position embeddings")
-    parser.add_argument("--graph-sides", choices=GRAPH_SIDES,
-                        help="which side(s) use graph attention; the other is a stock transformer")
-
-
 @register_model("bpt_transformer")
 class BPTTransformerModel(TransformerModel):
     """Transformer whose self-attention runs over a binary-partition graph (BPT)."""
@@ -189,35 +230,48 @@ class BPTTransformerModel(TransformerModel):
 
     @classmethod
     def add_args(cls, parser):
-        super().add_args(parser)
-        add_graph_args(parser)
+        add_config_args(parser, GraphTransformerConfig)
 
     @classmethod
     def build_model(cls, args, task):
-        args.graph_kind = cls.graph_kind
-        if args.graph_sides not in GRAPH_SIDES:
-            raise ValueError(f"--graph-sides must be one of {GRAPH_SIDES}")
-        graph_spec(args, causal=False)  # validates k and the clip early
-        return super().build_model(args, task)
+        cfg = GraphTransformerConfig.from_namespace(args)
+        if cls.graph_kind == "segtree" and built_by_plugin_v1(args):
+            cfg.graph_k = 1  # SegTree's k is 1; those versions ignored --graph-k
+        cfg.graph_kind = cls.graph_kind
+        validate_graph_options(cfg)
+        return super().build_model(cfg, task)
 
     @classmethod
-    def build_encoder(cls, args, src_dict, embed_tokens):
-        if args.graph_sides in ("encoder", "both"):
-            return GraphTransformerEncoder(args, src_dict, embed_tokens)
-        return super().build_encoder(args, src_dict, embed_tokens)
+    def build_encoder(cls, cfg, src_dict, embed_tokens):
+        if cfg.graph_sides in ("encoder", "both"):
+            return GraphTransformerEncoder(cfg, src_dict, embed_tokens)
+        return super().build_encoder(cfg, src_dict, embed_tokens)
 
     @classmethod
-    def build_decoder(cls, args, tgt_dict, embed_tokens):
-        if args.graph_sides in ("decoder", "both"):
-            return GraphTransformerDecoder(args, tgt_dict, embed_tokens,
-                                           no_encoder_attn=getattr(args, "no_cross_attention", False))
-        return super().build_decoder(args, tgt_dict, embed_tokens)
+    def build_decoder(cls, cfg, tgt_dict, embed_tokens):
+        if cfg.graph_sides in ("decoder", "both"):
+            return GraphTransformerDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
+        return super().build_decoder(cfg, tgt_dict, embed_tokens)
+
+
+def validate_graph_options(cfg) -> None:
+    """Clear errors for values no graph can have (nothing is replaced by a default here)."""
+    check_at_least(cfg, "graph_k", 1)
+    check_at_least(cfg, "graph_rel_clip", 1)
+    if cfg.graph_kind == "segtree" and cfg.graph_k != 1:
+        raise ValueError(f"--graph-k {cfg.graph_k}: SegTree's graph has k = 1 by definition (use bpt_transformer "
+                         f"for other k)")
+    check_choice(cfg, "graph_sides", GRAPH_SIDES)
+    check_choice(cfg, "graph_token_positions", TOKEN_POSITIONS)
+    check_choice(cfg, "graph_cross_attention", CROSS_ATTENTION_FROM)
+    check_choice(cfg, "graph_attention_backend", GRAPH_ATTENTION_BACKENDS)
 
 
 def graph_defaults(args, k: int, clip: int):
-    args.graph_k = getattr(args, "graph_k", None) or k
-    args.graph_rel_clip = getattr(args, "graph_rel_clip", None) or clip
-    args.graph_sides = getattr(args, "graph_sides", None) or "both"
+    """Unset graph options: this architecture's k and clip, the papers' choices for the rest
+    (plugin v1's for a config saved by it, so that its checkpoints keep their behaviour)."""
+    set_default_options(args, GraphTransformerConfig, graph_k=k, graph_rel_clip=clip,
+                        **(PLUGIN_V1 if built_by_plugin_v1(args) else {}))
 
 
 @register_model_architecture("bpt_transformer", "bpt_transformer")

@@ -10,12 +10,15 @@ they were chosen for text classification, not translation.
 """
 
 import copy
+from dataclasses import dataclass, field
 
 from torch import nn
 
+from fairseq.dataclass import ChoiceEnum
 from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
+    TransformerConfig,
     TransformerDecoder,
     TransformerEncoder,
     TransformerModel,
@@ -29,8 +32,38 @@ from fairseq.modules.transformer_layer import (
     TransformerEncoderLayerBase,
 )
 
+from fairseq_plugins.models.model_options import (
+    PluginTransformerConfig, add_config_args, check_at_least, check_choice, set_default_options,
+)
 from fairseq_plugins.modules.multiscale.multiscale_attention import MultiScaleSelfAttention
 from fairseq_plugins.modules.multiscale.scale_distribution import PAPER_CANDIDATES, layer_scales
+
+DECODER_SELF_ATTENTIONS = ("standard", "multiscale")
+
+
+@dataclass
+class MultiScaleTransformerConfig(PluginTransformerConfig):
+    """fairseq's transformer options plus the multi-scale ones."""
+
+    scale_candidates: str = field(default=PAPER_CANDIDATES, metadata={
+        "help": "candidate scales of the alpha rule, smallest first: odd widths, 'N/<k>' (fraction of the "
+                "sentence length), 'N' or 'all'"})
+    encoder_scales: str = field(default="", metadata={
+        "help": "per-head encoder scales: comma-separated, one list per layer separated by '|' (one list = "
+                "every layer), or 'paper-example'; empty: the alpha rule"})
+    encoder_scale_alpha: float = field(default=0.5, metadata={
+        "help": "alpha of the scale distribution (>0: lower layers more local)"})
+    encoder_drop_ffn: bool = field(default=False, metadata={
+        "help": "paper's encoder layer H <- LN(H + ReLU(MSMSA(H))), no FFN"})
+    encoder_no_positions: bool = field(default=False, metadata={
+        "help": "no positional embeddings in the encoder (the paper's choice)"})
+    decoder_self_attention: ChoiceEnum(DECODER_SELF_ATTENTIONS) = field(default="standard", metadata={
+        "help": "decoder self-attention: standard, or causal multi-scale"})
+    decoder_scales: str = field(default="", metadata={"help": "per-head decoder scales, as --encoder-scales"})
+    decoder_scale_alpha: float = field(default=0.5, metadata={
+        "help": "alpha of the decoder's scale distribution"})
+    multiscale_block_size: int = field(default=64, metadata={
+        "help": "queries per block in the banded attention kernel"})
 
 
 def _wrap_layer(layer: nn.Module, cfg) -> nn.Module:
@@ -154,33 +187,17 @@ class MultiScaleTransformerModel(TransformerModel):
 
     @classmethod
     def add_args(cls, parser):
-        super().add_args(parser)
-        parser.add_argument("--scale-candidates", type=str, metavar="LIST",
-                            help="candidate scales of the alpha rule, smallest first: odd widths, "
-                                 "'N/<k>' (fraction of the sentence length), 'N' or 'all'")
-        parser.add_argument("--encoder-scales", type=str, metavar="SPEC",
-                            help="per-head encoder scales: comma-separated, one list per layer "
-                                 "separated by '|' (one list = every layer), or 'paper-example'; "
-                                 "empty: the alpha rule")
-        parser.add_argument("--encoder-scale-alpha", type=float, metavar="A",
-                            help="alpha of the scale distribution (>0: lower layers more local)")
-        parser.add_argument("--encoder-drop-ffn", action="store_true",
-                            help="paper's encoder layer H <- LN(H + ReLU(MSMSA(H))), no FFN")
-        parser.add_argument("--encoder-no-positions", action="store_true",
-                            help="no positional embeddings in the encoder (the paper's choice)")
-        parser.add_argument("--decoder-self-attention", choices=["standard", "multiscale"],
-                            help="decoder self-attention: standard, or causal multi-scale")
-        parser.add_argument("--decoder-scales", type=str, metavar="SPEC",
-                            help="per-head decoder scales, as --encoder-scales")
-        parser.add_argument("--decoder-scale-alpha", type=float, metavar="A",
-                            help="alpha of the decoder's scale distribution")
-        parser.add_argument("--multiscale-block-size", type=int, metavar="N",
-                            help="queries per block in the banded attention kernel")  # fmt: skip
+        add_config_args(parser, MultiScaleTransformerConfig)
 
     @classmethod
     def build_model(cls, args, task):
-        ms_transformer(args)
-        return super().build_model(args, task)
+        cfg = MultiScaleTransformerConfig.from_namespace(args)
+        if not cfg.scale_candidates:
+            raise ValueError("--scale-candidates is empty: give the candidate scales (default "
+                             f"{PAPER_CANDIDATES!r})")
+        check_choice(cfg, "decoder_self_attention", DECODER_SELF_ATTENTIONS)
+        check_at_least(cfg, "multiscale_block_size", 1)
+        return super().build_model(cfg, task)
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
@@ -194,19 +211,7 @@ class MultiScaleTransformerModel(TransformerModel):
 
 
 def _multiscale_defaults(args):
-    args.scale_candidates = getattr(args, "scale_candidates", None) or PAPER_CANDIDATES
-    args.encoder_scales = getattr(args, "encoder_scales", None) or ""
-    args.encoder_scale_alpha = getattr(args, "encoder_scale_alpha", None)
-    if args.encoder_scale_alpha is None:
-        args.encoder_scale_alpha = 0.5
-    args.encoder_drop_ffn = getattr(args, "encoder_drop_ffn", False)
-    args.encoder_no_positions = getattr(args, "encoder_no_positions", False)
-    args.decoder_self_attention = getattr(args, "decoder_self_attention", None) or "standard"
-    args.decoder_scales = getattr(args, "decoder_scales", None) or ""
-    args.decoder_scale_alpha = getattr(args, "decoder_scale_alpha", None)
-    if args.decoder_scale_alpha is None:
-        args.decoder_scale_alpha = 0.5
-    args.multiscale_block_size = getattr(args, "multiscale_block_size", None) or 64
+    set_default_options(args, MultiScaleTransformerConfig)
 
 
 @register_model_architecture("ms_transformer", "ms_transformer")

@@ -2,7 +2,8 @@
 
 The BPT model with the SegTree graph: each token attends to itself, its two neighbours and the
 minimal set of tree nodes covering the rest of the sentence (decoder: the left part only);
-span nodes attend to their tokens and themselves. ``--graph-k`` is ignored (always 1).
+span nodes attend to their tokens and themselves. Its k is 1 by definition (``--graph-k`` other
+than 1 is an error).
 """
 
 from fairseq.models import register_model, register_model_architecture
@@ -14,11 +15,6 @@ from fairseq_plugins.models.bpt_transformer import BPTTransformerModel, graph_de
 @register_model("segtree_transformer")
 class SegTreeTransformerModel(BPTTransformerModel):
     graph_kind = "segtree"
-
-    @classmethod
-    def build_model(cls, args, task):
-        args.graph_k = 1
-        return super().build_model(args, task)
 
 
 @register_model_architecture("segtree_transformer", "segtree_transformer")

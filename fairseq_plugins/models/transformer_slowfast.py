@@ -13,11 +13,13 @@ import copy
 import math
 import os
 import re
+from dataclasses import dataclass, field
 from typing import NamedTuple, Optional, Set
 
 import torch
 from torch import nn
 
+from fairseq.dataclass import ChoiceEnum
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerEncoderBase, TransformerModel
 from fairseq.models.transformer.transformer_legacy import (
@@ -27,6 +29,7 @@ from fairseq.models.transformer.transformer_legacy import (
 )
 from fairseq.modules import FairseqDropout, LayerNorm, PositionalEmbedding
 
+from fairseq_plugins.models.model_options import PluginTransformerConfig, add_config_args, set_default_options
 from fairseq_plugins.modules.slowfast.boundary_relative_attention import boundary_band
 from fairseq_plugins.modules.slowfast.cross_granularity_fusion import FUSION_METHODS, build_fusion
 from fairseq_plugins.modules.common.length_groups import length_groups, merge, take
@@ -39,6 +42,51 @@ ENCODER_OUTPUTS = ("slow", "fast", "both")
 FAST_INPUTS = ("char", "subword", "sentencepiece")
 FAST_BOUNDARIES = ("word", "random", "none")
 FAST_SELF_ATTENTIONS = ("full", "linear")
+SUBWORD_STYLES = ("auto", "bpe", "sentencepiece")
+
+
+@dataclass
+class SlowFastConfig(PluginTransformerConfig):
+    """fairseq's transformer options plus TranSFormer's (paper Sec. 4.1 defaults)."""
+
+    no_fast_branch: bool = field(default=False, metadata={
+        "help": "slow branch only (subword encoder with its word GCN): the paper's slow-only baseline"})
+    fast_embed_dim: int = field(default=32, metadata={"help": "fast branch width (paper: 32 base, 64 Zh-En big)"})
+    fast_ffn_embed_dim: Optional[int] = field(default=None, metadata={
+        "help": "fast branch FFN size (default: 4 x --fast-embed-dim; paper: 128 at width 32)"})
+    fast_attention_heads: int = field(default=4, metadata={"help": "fast branch attention heads"})
+    fast_input: ChoiceEnum(FAST_INPUTS) = field(default="char", metadata={
+        "help": "fast branch input: characters, the subwords themselves, or the source re-segmented by "
+                "--fast-sentencepiece-model (Table 4d)"})
+    fast_sentencepiece_model: Optional[str] = field(default=None, metadata={
+        "help": "sentencepiece .model for --fast-input sentencepiece (kept in the checkpoint)"})
+    fast_sentencepiece_pieces: Optional[int] = field(default=None, metadata={
+        "help": "set by the model: the size of --fast-sentencepiece-model, so that a checkpoint builds "
+                "without the file"})
+    subword_style: ChoiceEnum(SUBWORD_STYLES) = field(default="auto", metadata={
+        "help": "source vocabulary markers: subword-nmt @@ or sentencepiece \u2581 (auto: detect)"})
+    fast_max_characters: int = field(default=0, metadata={
+        "help": "keep the N most frequent characters, others map to unknown (0: all)"})
+    slowfast_fusion: ChoiceEnum(FUSION_METHODS) = field(default="cga", metadata={
+        "help": "fusion between branches (Table 4b)"})
+    slowfast_encoder_output: ChoiceEnum(ENCODER_OUTPUTS) = field(default="slow", metadata={
+        "help": "what the decoder attends to (Table 4c)"})
+    unidirectional_fusion: bool = field(default=False, metadata={
+        "help": "only the slow branch receives the fast one (Table 5 #2)"})
+    fast_boundaries: ChoiceEnum(FAST_BOUNDARIES) = field(default="word", metadata={
+        "help": "character-to-word boundaries for the F-GCN and boundary PE: real, random, or none (no F-GCN, "
+                "PE not restricted to words) (Table 5 #3, #4)"})
+    no_boundary_pe: bool = field(default=False, metadata={
+        "help": "no boundary-wise relative positions in the fast branch (Table 5 #5)"})
+    boundary_pe_window: int = field(default=3, metadata={"help": "relative window k of the boundary PE (paper: 3)"})
+    fast_self_attention: ChoiceEnum(FAST_SELF_ATTENTIONS) = field(default="full", metadata={
+        "help": "fast branch self-attention: full, or linear (Linformer, no boundary PE) (Table 5 #6)"})
+    fast_linear_attention_length: int = field(default=64, metadata={
+        "help": "Linformer's k: keys and values projected to this length"})
+    fast_linear_attention_max_length: int = field(default=2048, metadata={
+        "help": "Linformer's n: the longest fast-branch sequence the projections cover"})
+    slowfast_interaction_layers: str = field(default="all", metadata={
+        "help": "blocks with fusion: all, last, bottomN, topN, everyN or 1-based list (Table 6)"})
 
 
 def parse_interaction_layers(spec: str, num_layers: int) -> Set[int]:
@@ -332,52 +380,16 @@ class TransformerSlowFastModel(TransformerModel):
 
     @classmethod
     def add_args(cls, parser):
-        super().add_args(parser)
-        # fmt: off
-        parser.add_argument("--no-fast-branch", action="store_true",
-                            help="slow branch only (subword encoder with its word GCN): the paper's slow-only baseline")
-        parser.add_argument("--fast-embed-dim", type=int, help="fast branch width (paper: 32 base, 64 Zh-En big)")
-        parser.add_argument("--fast-ffn-embed-dim", type=int, help="fast branch FFN size (paper: 128 at width 32)")
-        parser.add_argument("--fast-attention-heads", type=int, help="fast branch attention heads")
-        parser.add_argument("--fast-input", choices=FAST_INPUTS,
-                            help="fast branch input: characters, the subwords themselves, or the source "
-                                 "re-segmented by --fast-sentencepiece-model (Table 4d)")
-        parser.add_argument("--fast-sentencepiece-model", type=str, metavar="FILE",
-                            help="sentencepiece .model for --fast-input sentencepiece (kept in the checkpoint)")
-        parser.add_argument("--subword-style", choices=("auto", "bpe", "sentencepiece"),
-                            help="source vocabulary markers: subword-nmt @@ or sentencepiece \u2581 (auto: detect)")
-        parser.add_argument("--fast-max-characters", type=int,
-                            help="keep the N most frequent characters, others map to unknown (0: all)")
-        parser.add_argument("--slowfast-fusion", choices=FUSION_METHODS, help="fusion between branches (Table 4b)")
-        parser.add_argument("--slowfast-encoder-output", choices=ENCODER_OUTPUTS,
-                            help="what the decoder attends to (Table 4c)")
-        parser.add_argument("--unidirectional-fusion", action="store_true",
-                            help="only the slow branch receives the fast one (Table 5 #2)")
-        parser.add_argument("--fast-boundaries", choices=FAST_BOUNDARIES,
-                            help="character-to-word boundaries for the F-GCN and boundary PE: real, random, or none "
-                                 "(no F-GCN, PE not restricted to words) (Table 5 #3, #4)")
-        parser.add_argument("--no-boundary-pe", action="store_true",
-                            help="no boundary-wise relative positions in the fast branch (Table 5 #5)")
-        parser.add_argument("--boundary-pe-window", type=int, help="relative window k of the boundary PE (paper: 3)")
-        parser.add_argument("--fast-self-attention", choices=FAST_SELF_ATTENTIONS,
-                            help="fast branch self-attention: full, or linear (Linformer, no boundary PE) (Table 5 #6)")
-        parser.add_argument("--fast-linear-attention-length", type=int,
-                            help="Linformer's k: keys and values projected to this length")
-        parser.add_argument("--fast-linear-attention-max-length", type=int,
-                            help="Linformer's n: the longest fast-branch sequence the projections cover")
-        parser.add_argument("--slowfast-interaction-layers", type=str,
-                            help="blocks with fusion: all, last, bottomN, topN, everyN or 1-based list (Table 6)")
-        # fmt: on
+        add_config_args(parser, SlowFastConfig)
 
     @classmethod
     def build_model(cls, args, task):
-        slowfast_base_architecture(args)
         if args.fast_input == "sentencepiece" and not args.no_fast_branch:
             # recorded in the checkpoint's arguments: it then builds without the .model file
             model_proto = read_sentencepiece_model(args)
             if model_proto is not None:
                 args.fast_sentencepiece_pieces = piece_count(model_proto)
-        return super().build_model(args, task)
+        return super().build_model(SlowFastConfig.from_namespace(args), task)
 
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):
@@ -386,24 +398,9 @@ class TransformerSlowFastModel(TransformerModel):
 
 def slowfast_defaults(args):
     """TranSFormer-specific defaults (paper Sec. 4.1); pre-norm as in the paper."""
-    args.no_fast_branch = getattr(args, "no_fast_branch", False)
-    args.fast_embed_dim = getattr(args, "fast_embed_dim", 32)
-    args.fast_ffn_embed_dim = getattr(args, "fast_ffn_embed_dim", 4 * args.fast_embed_dim)
-    args.fast_attention_heads = getattr(args, "fast_attention_heads", 4)
-    args.fast_input = getattr(args, "fast_input", "char")
-    args.fast_sentencepiece_model = getattr(args, "fast_sentencepiece_model", None)
-    args.subword_style = getattr(args, "subword_style", "auto")
-    args.fast_max_characters = getattr(args, "fast_max_characters", 0)
-    args.slowfast_fusion = getattr(args, "slowfast_fusion", "cga")
-    args.slowfast_encoder_output = getattr(args, "slowfast_encoder_output", "slow")
-    args.unidirectional_fusion = getattr(args, "unidirectional_fusion", False)
-    args.fast_boundaries = getattr(args, "fast_boundaries", "word")
-    args.no_boundary_pe = getattr(args, "no_boundary_pe", False)
-    args.boundary_pe_window = getattr(args, "boundary_pe_window", 3)
-    args.fast_self_attention = getattr(args, "fast_self_attention", "full")
-    args.fast_linear_attention_length = getattr(args, "fast_linear_attention_length", 64)
-    args.fast_linear_attention_max_length = getattr(args, "fast_linear_attention_max_length", 2048)
-    args.slowfast_interaction_layers = getattr(args, "slowfast_interaction_layers", "all")
+    set_default_options(args, SlowFastConfig)
+    if args.fast_ffn_embed_dim is None:
+        args.fast_ffn_embed_dim = 4 * args.fast_embed_dim
     args.encoder_normalize_before = getattr(args, "encoder_normalize_before", True)
     args.decoder_normalize_before = getattr(args, "decoder_normalize_before", True)
 
