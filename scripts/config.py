@@ -90,9 +90,10 @@ def load_config(path) -> Dict[str, Any]:
 
 
 def all_configs() -> List[Dict[str, Any]]:
-    """Every table-row config: all of configs/ but tables.yaml and the demo's configs (demo*.yaml)."""
+    """Every table-row config: all of configs/ but tables.yaml, the demo's configs (demo*.yaml)
+    and the fairseq-hydra-train configs (configs/hydra/)."""
     return [load_config(p) for p in sorted(CONFIG_DIR.rglob("*.yaml"))
-            if p.name != "tables.yaml" and not p.name.startswith("demo")]
+            if p.name != "tables.yaml" and not p.name.startswith("demo") and p.parent.name != "hydra"]
 
 
 def to_flags(options: Optional[Dict[str, Any]]) -> List[str]:
