@@ -1,10 +1,11 @@
 """BP-Transformer for translation (Ye et al., 2019): binary-partition graph attention.
 
 Each side (encoder, decoder, or both; ``--graph-sides``) runs over the nodes of a tree built on
-its sentence: token nodes (embeddings) then span nodes (zeros), laid out tokens first. The
+its sentence: token nodes (word embeddings; fairseq's positions only with
+``--graph-token-positions absolute``) then span nodes (zeros), laid out tokens first. The
 encoder hands only its token nodes to the decoder (fairseq's ``encoder_out``); the decoder's
-cross-attention is fairseq's, from every target node to the source tokens, and its output
-projection reads target token nodes only. The decoder graph is causal: a token sees its left
+cross-attention is fairseq's, from its token nodes (``--graph-cross-attention nodes``: every
+node) to the source tokens, and its output projection reads target token nodes only. The decoder graph is causal: a token sees its left
 context and itself; a span is only ever read once complete.
 
 Incremental decoding keeps, per layer, the keys/values of every node created so far (in
@@ -23,7 +24,7 @@ from fairseq import utils
 from fairseq.dataclass import ChoiceEnum
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
-    TransformerConfig, TransformerDecoderBase, TransformerEncoderBase, TransformerModel,
+    TransformerDecoderBase, TransformerEncoderBase, TransformerModel,
 )
 from fairseq.models.transformer.transformer_legacy import base_architecture, transformer_iwslt_de_en
 

@@ -18,7 +18,6 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
-    TransformerConfig,
     TransformerDecoder,
     TransformerEncoder,
     TransformerModel,
