@@ -23,6 +23,7 @@ from fairseq_plugins.graphs.attention_graph import AttentionGraph
 OPTIONAL_BACKENDS = (
     "fairseq_plugins.graph_attention.cuda_backend",
     "fairseq_plugins.graph_attention.flex_backend",
+    "fairseq_plugins.graph_attention.triton_backend",
 )
 
 BackendFn = Callable[..., torch.Tensor]
