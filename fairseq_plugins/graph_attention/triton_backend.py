@@ -28,7 +28,8 @@ from fairseq_plugins.graph_attention.registry import register_backend
 from fairseq_plugins.graph_attention.triton_plan import TilePlan, WorkItems, plan_on
 
 HEAD_DIMS = (32, 64, 128)
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+GPU_DTYPES = (torch.float16, torch.bfloat16)  # fp32 tiles spill (see docs/cuda_ext.md)
+INTERPRETER_DTYPES = (torch.float32,) + GPU_DTYPES
 MAX_BATCH_HEADS = 65535  # grid.y
 BLOCK_M, BLOCK_N = 64, 32  # query rows x key columns of a tile; one plan serves every kernel
 
@@ -39,7 +40,7 @@ class LaunchConfig:
     num_stages: int
 
 
-# (kernel, head dim) -> launch configuration, the same for every dtype
+# (kernel, head dim) -> launch configuration, the same for fp16 and bf16
 CONFIGS: Dict[Tuple[str, int], LaunchConfig] = {
     ("forward", 32): LaunchConfig(4, 2),
     ("forward", 64): LaunchConfig(4, 2),
@@ -62,27 +63,28 @@ def interpreted() -> bool:
 
 
 def is_available(query: torch.Tensor) -> bool:
-    """CUDA tensors (or any, under the interpreter) of a supported dtype and head dim."""
-    return (query.dim() == 4 and query.dtype in DTYPES and query.size(-1) in HEAD_DIMS
+    """fp16/bf16 CUDA tensors (any device and fp32 too, under the interpreter) of a
+    supported head dim."""
+    dtypes = INTERPRETER_DTYPES if interpreted() else GPU_DTYPES
+    return (query.dim() == 4 and query.dtype in dtypes and query.size(-1) in HEAD_DIMS
             and query.size(0) * query.size(1) <= MAX_BATCH_HEADS
             and (query.is_cuda or interpreted()))
 
 
-def kernel_constants(dtype: torch.dtype, head_dim: int, has_rel=True, has_pad=True,
-                     has_dropout=True, upcast=False) -> dict:
-    """The constexpr arguments of a launch (shared with the ahead-of-time compile).
-
-    fp32 operands go through three tf32 passes (about fp32 accuracy, on tensor cores)."""
-    fp32 = dtype == torch.float32 or upcast
-    return dict(D=head_dim, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HAS_REL=has_rel, HAS_PAD=has_pad,
-                HAS_DROPOUT=has_dropout, UPCAST=upcast, PRECISION="tf32x3" if fp32 else "ieee")
+def kernel_constants(kernel: str, head_dim: int, has_rel=True, has_pad=True, has_dropout=True,
+                     upcast=False) -> dict:
+    """The constexpr arguments of a launch (shared with the ahead-of-time compile); the key
+    kernel's tiles are the transposed ones (BLOCK_M keys x BLOCK_N query slots)."""
+    rows, cols = (BLOCK_N, BLOCK_M) if kernel == "backward_key" else (BLOCK_M, BLOCK_N)
+    return dict(D=head_dim, BLOCK_M=rows, BLOCK_N=cols, HAS_REL=has_rel, HAS_PAD=has_pad,
+                HAS_DROPOUT=has_dropout, UPCAST=upcast)
 
 
 def _launch(name, grid, dtype, head_dim, flags, *args):
     config = CONFIGS[(name, head_dim)]
     # the interpreter's bf16 tl.dot is wrong (Triton issue 11584): compute those in fp32
     upcast = interpreted() and dtype == torch.bfloat16
-    KERNELS[name][grid](*args, **kernel_constants(dtype, head_dim, upcast=upcast, **flags),
+    KERNELS[name][grid](*args, **kernel_constants(name, head_dim, upcast=upcast, **flags),
                         num_warps=config.num_warps, num_stages=config.num_stages)
 
 
@@ -98,7 +100,7 @@ def _split_rows(plan: TilePlan, work: WorkItems, query_major: bool) -> torch.Ten
     if query_major:
         slots = blocks[:, None] * plan.block_m + torch.arange(plan.block_m, device=blocks.device)
         return plan.slot_node[slots].long()
-    keys = blocks[:, None] * plan.block_n + torch.arange(plan.block_n, device=blocks.device)
+    keys = blocks[:, None] * plan.block_m + torch.arange(plan.block_m, device=blocks.device)
     return torch.where(keys < plan.num_nodes, keys, -1)
 
 
@@ -199,7 +201,7 @@ class TritonGraphAttention(torch.autograd.Function):
 
         work = plan.key_work
         grad_k, grad_v = (torch.empty(bh, num_nodes, dim, device=device) for _ in range(2))
-        part_grad_k, part_grad_v = (torch.empty(work.num_parts, bh, plan.block_n, dim,
+        part_grad_k, part_grad_v = (torch.empty(work.num_parts, bh, plan.block_m, dim,
                                                 device=device) for _ in range(2))
         _launch("backward_key", (work.items.size(0), bh), q.dtype, dim, flags,
                 q, k, v, grad_out, lse, delta, grad_k, grad_v, part_grad_k, part_grad_v,

@@ -42,13 +42,13 @@ def _keep(seed, bh, query_node, key_node, num_nodes, threshold):
 
 @triton.jit
 def _tile_scores(q, k, types, key_ok, rel_base, query_node, num_types, scale,
-                 HAS_REL: tl.constexpr, PRECISION: tl.constexpr):
+                 HAS_REL: tl.constexpr):
     """Scores of one tile (fp32, -inf off the graph or on an absent key) and the edge mask.
 
     ``q`` is [rows, D] and ``k`` [cols, D]; ``types`` [rows, cols] (-1 = no edge);
     ``key_ok`` (present keys) and ``query_node`` broadcast to it."""
     valid = (types >= 0) & key_ok
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+    s = tl.dot(q, tl.trans(k)) * scale
     if HAS_REL:  # gathered from the [N, T] table of scale * q . rel_key[t]
         s += tl.load(rel_base + query_node * num_types + types, mask=valid, other=0.0)
     return tl.where(valid, s, float("-inf")), valid
@@ -89,7 +89,7 @@ def forward_kernel(
     num_nodes, num_types, heads, num_batch_heads, scale, seed, dropout_threshold, dropout_scale,
     D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_REL: tl.constexpr, HAS_PAD: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     """Output and log-sum-exp of one query block (or of a part of its tiles)."""
     block, first_tile, end_tile, part = _item(items_ptr)
@@ -114,7 +114,7 @@ def forward_kernel(
         types = tl.load(types_ptr + rows[:, None] * BLOCK_N + cols[None, :])
         types_ptr += BLOCK_M * BLOCK_N
         s, valid = _tile_scores(q, k, types, key_ok[None, :], rel_base, query_node[:, None],
-                                num_types, scale, HAS_REL, PRECISION)
+                                num_types, scale, HAS_REL)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row without keys so far
         p = tl.exp(s - m_safe[:, None])
@@ -125,7 +125,7 @@ def forward_kernel(
                          dropout_threshold)
             p = tl.where(keep, p * dropout_scale, 0.0)
         v = _load_rows(v_ptr + matrix, key_node, key_node < num_nodes, D, UPCAST)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
 
     has_key = l_i > 0
@@ -150,7 +150,7 @@ def backward_query_kernel(
     num_nodes, num_types, heads, num_batch_heads, scale, seed, dropout_threshold, dropout_scale,
     D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_REL: tl.constexpr, HAS_PAD: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     """dQ (fp32, without the relative-key term) of one query block or part; with HAS_REL,
     d(score) summed per (row, edge type) into grad_rel [BH, N, T] (atomics)."""
@@ -180,15 +180,15 @@ def backward_query_kernel(
         types = tl.load(types_ptr + rows[:, None] * BLOCK_N + cols[None, :])
         types_ptr += BLOCK_M * BLOCK_N
         s, valid = _tile_scores(q, k, types, key_ok[None, :], rel_base, query_node[:, None],
-                                num_types, scale, HAS_REL, PRECISION)
+                                num_types, scale, HAS_REL)
         p = tl.exp(s - lse[:, None])
-        grad_p = tl.dot(grad_out, tl.trans(v), input_precision=PRECISION)
+        grad_p = tl.dot(grad_out, tl.trans(v))
         if HAS_DROPOUT:
             keep = _keep(seed, bh, query_node[:, None], key_node[None, :], num_nodes,
                          dropout_threshold)
             grad_p = tl.where(keep, grad_p * dropout_scale, 0.0)
         grad_s = p * (grad_p - delta[:, None])
-        grad_q += tl.dot(grad_s.to(k.dtype), k, input_precision=PRECISION)
+        grad_q += tl.dot(grad_s.to(k.dtype), k)
         if HAS_REL:
             tl.atomic_add(grad_rel_base + query_node[:, None] * num_types + types, grad_s,
                           mask=valid & row_present[:, None], sem="relaxed")
@@ -211,9 +211,10 @@ def backward_key_kernel(
     num_nodes, num_types, heads, num_batch_heads, scale, seed, dropout_threshold, dropout_scale,
     D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_REL: tl.constexpr, HAS_PAD: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
-    """dK, dV (fp32) of one aligned block of BLOCK_N key nodes (or a part of its windows)."""
+    """dK, dV (fp32) of one aligned block of BLOCK_N key nodes (or a part of its windows of
+    BLOCK_M query slots): the transposed tiles, so that every product has BLOCK_N rows."""
     block, first_window, end_window, part = _item(items_ptr)
     bh = tl.program_id(1)
     matrix = bh.to(tl.int64) * num_nodes * D
@@ -243,18 +244,18 @@ def backward_key_kernel(
         types_ptr += BLOCK_M * BLOCK_N
         # transposed tile: [keys, query rows]
         s, valid = _tile_scores(k, q, types, key_ok[:, None], rel_base, query_node[None, :],
-                                num_types, scale, HAS_REL, PRECISION)
+                                num_types, scale, HAS_REL)
         p = tl.exp(s - lse[None, :])
-        grad_p = tl.dot(v, tl.trans(grad_out), input_precision=PRECISION)
+        grad_p = tl.dot(v, tl.trans(grad_out))
         p_dropped = p
         if HAS_DROPOUT:
             keep = _keep(seed, bh, query_node[None, :], key_node[:, None], num_nodes,
                          dropout_threshold)
             p_dropped = tl.where(keep, p * dropout_scale, 0.0)
             grad_p = tl.where(keep, grad_p * dropout_scale, 0.0)
-        grad_v += tl.dot(p_dropped.to(grad_out.dtype), grad_out, input_precision=PRECISION)
+        grad_v += tl.dot(p_dropped.to(grad_out.dtype), grad_out)
         grad_s = p * (grad_p - delta[None, :])
-        grad_k += tl.dot(grad_s.to(q.dtype), q, input_precision=PRECISION)
+        grad_k += tl.dot(grad_s.to(q.dtype), q)
 
     grad_k *= scale
     d = tl.arange(0, D)

@@ -11,8 +11,10 @@ enough tiles in three steps:
   the fewest windows of ``BLOCK_N`` consecutive nodes (greedy from the first uncovered key,
   which is optimal for covering points with equal intervals); a tile holds the edge type of
   every (row, column), -1 where there is no edge. A BPT level's band is one or two tiles.
-* key windows (key-major backward): each aligned block of ``BLOCK_N`` key nodes covers the
-  query slots that read it with the fewest windows of ``BLOCK_M`` consecutive slots.
+* key windows (key-major backward), the transposed tiles: each aligned block of ``BLOCK_M``
+  key nodes covers the query slots that read it with the fewest windows of ``BLOCK_N``
+  consecutive slots (so that the products of both sides have ``BLOCK_M`` = 64 rows, the
+  height of an sm_90 warpgroup MMA).
 
 Work items are (block, tile range, part): blocks with more than ``TILES_PER_ITEM`` tiles are
 split into parts (the root reads every token), merged after the kernel by log-sum-exp
@@ -56,8 +58,8 @@ class TilePlan:
     tile_types: torch.Tensor  # int16 [tiles, BLOCK_M, BLOCK_N]
     query_work: WorkItems  # blocks = query blocks, tiles = forward tiles
     window_start: torch.Tensor  # int32 [windows], first query slot of each window
-    window_types: torch.Tensor  # int16 [windows, BLOCK_N, BLOCK_M] (key-major)
-    key_work: WorkItems  # blocks = aligned key blocks, tiles = windows
+    window_types: torch.Tensor  # int16 [windows, BLOCK_M keys, BLOCK_N query slots]
+    key_work: WorkItems  # blocks = aligned blocks of BLOCK_M keys, tiles = windows
 
     @property
     def num_tiles(self) -> int:
@@ -165,14 +167,14 @@ def build_plan(graph: AttentionGraph, block_m: int, block_n: int) -> TilePlan:
     tile_block, tile_start = _greedy_windows(row_slot // block_m, key, block_n)
     tile_types = _type_tiles(tile_block, tile_start, row_slot // block_m, key,
                              row_slot % block_m, types, block_m, block_n)
-    window_block, window_start = _greedy_windows(key // block_n, row_slot, block_m)
-    window_types = _type_tiles(window_block, window_start, key // block_n, row_slot,
-                               key % block_n, types, block_n, block_m)
+    window_block, window_start = _greedy_windows(key // block_m, row_slot, block_n)
+    window_types = _type_tiles(window_block, window_start, key // block_m, row_slot,
+                               key % block_m, types, block_m, block_n)
     return TilePlan(
         block_m, block_n, graph.num_nodes, slot_node.to(torch.int32),
         tile_start.to(torch.int32), tile_types, _work_items(tile_block, slot_node.numel() // block_m),
         window_start.to(torch.int32), window_types,
-        _work_items(window_block, -(-graph.num_nodes // block_n)))
+        _work_items(window_block, -(-graph.num_nodes // block_m)))
 
 
 def plan_on(graph: AttentionGraph, block_m: int, block_n: int, device) -> TilePlan:
