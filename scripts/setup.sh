@@ -28,8 +28,8 @@ else
 fi
 
 # Dependencies from pyproject.toml, except torch (kept above) and fairseq (below, --no-deps).
-mapfile -t DEPS < <("$PYTHON" scripts/project_dependencies.py --exclude torch fairseq --extra test)
-missing=$("$PYTHON" scripts/project_dependencies.py --missing --exclude torch fairseq --extra test)
+mapfile -t DEPS < <("$PYTHON" scripts/project_dependencies.py --exclude torch fairseq --extra test triton)
+missing=$("$PYTHON" scripts/project_dependencies.py --missing --exclude torch fairseq --extra test triton)
 if [ -n "$missing" ]; then
     say "installing: $missing"
     pip_install "${DEPS[@]}"
