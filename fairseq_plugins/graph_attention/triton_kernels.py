@@ -76,6 +76,29 @@ def _load_rows(base, nodes, present, D: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _query_rows(slot_node_ptr, block, BLOCK_M: tl.constexpr):
+    """(graph node clamped to >= 0, row holds a node) of the slots of a query block."""
+    node = tl.load(slot_node_ptr + block * BLOCK_M + tl.arange(0, BLOCK_M))
+    return tl.maximum(node, 0), node >= 0
+
+
+@triton.jit
+def _forward_tile(q, query_node, tile_start_ptr, tile, types_ptr, k_base, rel_base, pad_ptr, bh,
+                  heads, num_nodes, num_types, scale, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, HAS_REL: tl.constexpr, HAS_PAD: tl.constexpr,
+                  UPCAST: tl.constexpr):
+    """(key nodes, keys, types, scores, edge mask) of one tile of a query block."""
+    cols = tl.arange(0, BLOCK_N)
+    key_node = tl.load(tile_start_ptr + tile) + cols
+    key_ok = _key_ok(pad_ptr, bh, heads, key_node, num_nodes, HAS_PAD)
+    k = _load_rows(k_base, key_node, key_node < num_nodes, D, UPCAST)
+    types = tl.load(types_ptr + tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + cols[None, :])
+    s, valid = _tile_scores(q, k, types, key_ok[None, :], rel_base, query_node[:, None],
+                            num_types, scale, HAS_REL)
+    return key_node, k, types, s, valid
+
+
+@triton.jit
 def _item(items_ptr):
     """(block, first tile, end tile, part) of this program's work item."""
     item = items_ptr + tl.program_id(0) * 4
@@ -96,10 +119,7 @@ def forward_kernel(
     bh = tl.program_id(1)
     matrix = bh.to(tl.int64) * num_nodes * D  # this (sentence, head)'s [N, D] rows
     rows = tl.arange(0, BLOCK_M)
-    cols = tl.arange(0, BLOCK_N)
-    query_node = tl.load(slot_node_ptr + block * BLOCK_M + rows)
-    row_present = query_node >= 0
-    query_node = tl.maximum(query_node, 0)
+    query_node, row_present = _query_rows(slot_node_ptr, block, BLOCK_M)
     q = _load_rows(q_ptr + matrix, query_node, row_present, D, UPCAST)
     rel_base = rel_ptr + bh.to(tl.int64) * num_nodes * num_types
 
@@ -108,13 +128,10 @@ def forward_kernel(
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     types_ptr = tile_types_ptr + first_tile.to(tl.int64) * (BLOCK_M * BLOCK_N)
     for tile in range(first_tile, end_tile):
-        key_node = tl.load(tile_start_ptr + tile) + cols
-        key_ok = _key_ok(pad_ptr, bh, heads, key_node, num_nodes, HAS_PAD)
-        k = _load_rows(k_ptr + matrix, key_node, key_node < num_nodes, D, UPCAST)
-        types = tl.load(types_ptr + rows[:, None] * BLOCK_N + cols[None, :])
+        key_node, k, types, s, valid = _forward_tile(
+            q, query_node, tile_start_ptr, tile, types_ptr, k_ptr + matrix, rel_base, pad_ptr,
+            bh, heads, num_nodes, num_types, scale, D, BLOCK_M, BLOCK_N, HAS_REL, HAS_PAD, UPCAST)
         types_ptr += BLOCK_M * BLOCK_N
-        s, valid = _tile_scores(q, k, types, key_ok[None, :], rel_base, query_node[:, None],
-                                num_types, scale, HAS_REL)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row without keys so far
         p = tl.exp(s - m_safe[:, None])
@@ -159,10 +176,7 @@ def backward_query_kernel(
     matrix = bh.to(tl.int64) * num_nodes * D
     vector = bh.to(tl.int64) * num_nodes
     rows = tl.arange(0, BLOCK_M)
-    cols = tl.arange(0, BLOCK_N)
-    query_node = tl.load(slot_node_ptr + block * BLOCK_M + rows)
-    row_present = query_node >= 0
-    query_node = tl.maximum(query_node, 0)
+    query_node, row_present = _query_rows(slot_node_ptr, block, BLOCK_M)
     q = _load_rows(q_ptr + matrix, query_node, row_present, D, UPCAST)
     grad_out = _load_rows(grad_out_ptr + matrix, query_node, row_present, D, UPCAST)
     lse = tl.load(lse_ptr + vector + query_node, mask=row_present, other=float("inf"))
@@ -173,14 +187,11 @@ def backward_query_kernel(
     grad_q = tl.zeros([BLOCK_M, D], tl.float32)
     types_ptr = tile_types_ptr + first_tile.to(tl.int64) * (BLOCK_M * BLOCK_N)
     for tile in range(first_tile, end_tile):
-        key_node = tl.load(tile_start_ptr + tile) + cols
-        key_ok = _key_ok(pad_ptr, bh, heads, key_node, num_nodes, HAS_PAD)
-        k = _load_rows(k_ptr + matrix, key_node, key_node < num_nodes, D, UPCAST)
-        v = _load_rows(v_ptr + matrix, key_node, key_node < num_nodes, D, UPCAST)
-        types = tl.load(types_ptr + rows[:, None] * BLOCK_N + cols[None, :])
+        key_node, k, types, s, valid = _forward_tile(
+            q, query_node, tile_start_ptr, tile, types_ptr, k_ptr + matrix, rel_base, pad_ptr,
+            bh, heads, num_nodes, num_types, scale, D, BLOCK_M, BLOCK_N, HAS_REL, HAS_PAD, UPCAST)
         types_ptr += BLOCK_M * BLOCK_N
-        s, valid = _tile_scores(q, k, types, key_ok[None, :], rel_base, query_node[:, None],
-                                num_types, scale, HAS_REL)
+        v = _load_rows(v_ptr + matrix, key_node, key_node < num_nodes, D, UPCAST)
         p = tl.exp(s - lse[:, None])
         grad_p = tl.dot(grad_out, tl.trans(v))
         if HAS_DROPOUT:
