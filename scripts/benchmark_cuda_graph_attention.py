@@ -33,7 +33,6 @@ sys.path.insert(0, str(ROOT))
 
 from fairseq_plugins.graphs.binary_partition import bpt_graph  # noqa: E402
 from fairseq_plugins.graph_attention import cuda_backend, flex_backend  # noqa: E402,F401
-from fairseq_plugins.graph_attention import triton_backend  # noqa: E402,F401
 from fairseq_plugins.graph_attention import graph_attention  # noqa: E402
 
 

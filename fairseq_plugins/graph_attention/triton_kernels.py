@@ -3,8 +3,8 @@
 The plan (``triton_plan``) cuts the graph's query rows, in tree order, into blocks of
 ``BLOCK_M`` slots and gives each block a few key tiles: ``BLOCK_N`` consecutive key nodes
 starting anywhere, with an int16 tile of edge types (-1 = no edge). The key-major side of the
-backward has the transposed plan: aligned key blocks, each with windows of ``BLOCK_M``
-consecutive query slots. A work item is one block and a range of its tiles; an item whose
+backward has the transposed tiles: aligned blocks of ``BLOCK_N`` keys (its constexprs are
+swapped: 64 keys), each with windows of ``BLOCK_M`` consecutive query slots. A work item is one block and a range of its tiles; an item whose
 block is split across programs writes a partial result that ``triton_backend`` merges.
 
 Every kernel runs one (work item, batch x head) per program. Scores and softmax statistics
@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 # scalars are never specialised (on divisibility by 16 or on being 1), so that the binaries
-# launched are exactly those that tests/test_triton_compile.py compiles ahead of time
+# launched are exactly those that ``triton_aot`` compiles ahead of time
 SCALARS = ["num_nodes", "num_types", "heads", "num_batch_heads", "scale", "seed",
            "dropout_threshold", "dropout_scale"]
 

@@ -23,7 +23,6 @@ Exact for every graph: tiles come from the edges, the tree only makes them few.
 """
 
 from dataclasses import dataclass
-from typing import Tuple
 
 import torch
 import torch.nn.functional as F
