@@ -1,8 +1,8 @@
 """Every configuration the triton backend launches, compiled ahead of time for sm_80 and sm_90a
 (no GPU needed): zero register spills, shared memory within the block limit, tensor cores.
 
-The compiles run in two fresh processes (``triton_aot.compile_all``); about 2 s per kernel
-and target on an idle core.
+The 36 compiles run in two fresh processes (``triton_aot.compile_all``): about two minutes of
+CPU in all (measured on a shared machine).
 """
 
 import pytest
@@ -27,8 +27,8 @@ def test_every_launched_configuration_compiles_cleanly_for_sm80_and_sm90a(report
 
 
 def test_an_oversized_configuration_fails_the_checks():
-    """256 x 256 tiles at head dim 128: what a GPU would spill or refuse."""
-    configuration = triton_aot.Configuration("forward", "float16", 128, 4, 3)
-    report, = triton_aot.compile_all([(configuration, 90, 256, 256)], workers=1)
-    assert report.problems()
-    assert report.spill_stores > 0 or report.shared > triton_aot.TARGETS[90][1]
+    """128 x 64 tiles at head dim 128 on 4 warps: the fp32 accumulators alone need 128
+    registers a thread, and ptxas spills (about 700 B)."""
+    configuration = triton_aot.Configuration("forward", "float16", 128, 4, 2)
+    report, = triton_aot.compile_all([(configuration, 90, 128, 64)], workers=1)
+    assert report.spill_stores > 0 and report.problems()

@@ -149,21 +149,31 @@ def _compile_in_worker(arguments):
     return compile_configuration(*arguments)
 
 
-def _worker_environment(cache: str) -> None:
+@contextlib.contextmanager
+def _compiler_environment(cache: str):
+    """The environment processes started inside inherit: no interpreter, no GPU, a private
+    cache (so that ptxas runs and reports), the ptxas log on stdout. Spawned processes import
+    the caller's main module before anything else runs in them, so the variables must be set
+    when they start."""
+    saved = dict(os.environ)
     os.environ.pop("TRITON_INTERPRET", None)
     os.environ.update(CUDA_VISIBLE_DEVICES="", TRITON_CACHE_DIR=cache, TRITON_DUMP_PTXAS_LOG="1",
                       TRITON_DEFAULT_FP_FUSION="1")
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def compile_all(jobs, workers: int = 2) -> List[CompileReport]:
-    """``compile_configuration(*job)`` for every job, in fresh processes (spawned, so that
-    Triton reads the environment at import); a report per job, in order."""
+    """``compile_configuration(*job)`` for every job, in fresh processes; a report per job,
+    in order."""
     import multiprocessing
 
-    with tempfile.TemporaryDirectory() as cache:
+    with tempfile.TemporaryDirectory() as cache, _compiler_environment(cache):
         context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_environment,
-                                 initargs=(cache,)) as pool:
+        with ProcessPoolExecutor(workers, mp_context=context) as pool:
             return list(pool.map(_compile_in_worker, jobs))
 
 
