@@ -18,6 +18,7 @@ plot (PNG) and the raw numbers (JSON) go to ``--out`` (default results/demo).
 import argparse
 import contextlib
 import json
+import math
 import os
 import re
 import shutil
@@ -84,8 +85,26 @@ def prepare_multi30k(raw_dir: Optional[Path], out: Path, bpe_merges: int,
     return prepare("multi30k-en-de", splits, recipe, out, workers=1)
 
 
-def usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+def cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup")) -> Optional[float]:
+    """A container's CPU quota in cores (cgroup v2 ``cpu.max`` or v1 ``cpu.cfs_quota_us``), or
+    None when there is none: os.cpu_count() and torch's default thread count do not see it."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        return quota / int((root / "cpu" / "cpu.cfs_period_us").read_text()) if quota > 0 else None
+    except (OSError, ValueError):
+        return None
+
+
+def usable_cores(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
+    """The cores this process may use: its affinity mask, lowered by a container's CPU quota."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota = cgroup_cpu_quota(cgroup_root)
+    return max(1, min(cores, math.ceil(quota))) if quota else cores
 
 
 def busy_warnings(load: float, cores: int, threads: int) -> List[str]:
@@ -312,7 +331,7 @@ def main(argv=None) -> List[dict]:
     p.add_argument("--archs", help="comma-separated subset of the config's arch names")
     p.add_argument("--gpu", action="store_true", help="train and translate on the GPU")
     p.add_argument("--threads", type=int, help="CPU threads per fairseq process (default: "
-                   "$OMP_NUM_THREADS, else the usable cores)")
+                   "$OMP_NUM_THREADS, else the usable cores: affinity mask and container CPU quota)")
     p.add_argument("--train-sentences", type=int, help="use only the first N pairs of every split")
     p.add_argument("--test-sentences", type=int, help="use only the first N valid/test pairs")
     p.add_argument("--log-interval", type=int, default=10, help="updates between fairseq-train's "

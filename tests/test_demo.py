@@ -138,3 +138,20 @@ def test_demo_config_is_checked(tmp_path):
         path.write_text(yaml.dump({**raw, **change}))
         with pytest.raises(ValueError, match=message):
             demo.load_demo_config(path)
+
+
+def test_usable_cores_sees_a_container_quota(tmp_path):
+    assert demo.cgroup_cpu_quota(tmp_path) is None  # no cgroup files: no quota
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert demo.cgroup_cpu_quota(tmp_path) is None
+    (tmp_path / "cpu.max").write_text("150000 100000\n")  # docker --cpus 1.5
+    assert demo.cgroup_cpu_quota(tmp_path) == 1.5
+    assert demo.usable_cores(tmp_path) == min(2, demo.usable_cores(tmp_path / "none"))
+    (tmp_path / "cpu.max").unlink()
+    v1 = tmp_path / "cpu"
+    v1.mkdir()
+    (v1 / "cpu.cfs_quota_us").write_text("-1\n")
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    assert demo.cgroup_cpu_quota(tmp_path) is None
+    (v1 / "cpu.cfs_quota_us").write_text("100000\n")
+    assert demo.cgroup_cpu_quota(tmp_path) == 1.0 and demo.usable_cores(tmp_path) == 1
