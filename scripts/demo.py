@@ -200,8 +200,6 @@ def train_one(entry: dict, cfg: dict, data: Path, save_dir: Path, updates: Optio
             log_file.flush()
             done = timer.line(line, time.monotonic())
             if done is not None and done != progress.done_updates[index]:
-                if progress.stage[index] == "starting":
-                    progress.set_stage(index, "training")
                 progress.trained(index, done, timer.seconds_per_update())
     log = "".join(lines)
     if proc.returncode != 0:

@@ -64,12 +64,16 @@ class DemoProgress:
         self.show(force=True)
 
     def trained(self, index: int, updates: int, seconds_per_update: Optional[float]) -> None:
+        """``updates`` done so far; the first report moves the model from starting to training."""
         if self.bar is not None:
             self.bar.update(max(0, updates - self.done_updates[index]))
         self.done_updates[index] = updates
         if seconds_per_update is not None:
             self.seconds_per_update[index] = seconds_per_update
-        self.show()
+        if self.stage[index] == "starting":
+            self.set_stage(index, "training")
+        else:
+            self.show()
 
     def finished(self, index: int) -> None:
         """The model is trained and translated: learn its time outside the timed updates."""

@@ -46,8 +46,7 @@ def test_progress_writes_lines_with_stage_updates_and_eta_when_not_a_tty():
     assert p.bar is None  # a StringIO is not a terminal
     p.set_stage(0, "starting")
     clock_.t = 5.0
-    p.set_stage(0, "training")
-    p.trained(0, 10, None)
+    p.trained(0, 10, None)  # the first progress: training
     clock_.t = 6.0
     p.trained(0, 20, 0.5)  # within the interval: no line
     clock_.t = 16.0
