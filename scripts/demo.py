@@ -169,19 +169,25 @@ class UpdateTimer:
         return statistics.median(self.intervals) if self.intervals else None
 
 
-def train_one(entry: dict, cfg: dict, data: Path, save_dir: Path, updates: Optional[int],
-              seconds: Optional[float], gpu: bool, log_interval: int, progress: DemoProgress,
-              index: int) -> Dict[str, float]:
+def train_command(entry: dict, cfg: dict, data: Path, save_dir: Path, updates: Optional[int],
+                  seconds: Optional[float], gpu: bool, log_interval: int) -> List[str]:
+    """fairseq-train for one row: stops after ``updates`` (if any) or ``seconds`` (if any)."""
     exe = shutil.which("fairseq-train")
     if exe is None:
         raise RuntimeError("fairseq-train not found on PATH: run scripts/setup.sh")
-    cmd = [exe, str(data), "--user-dir", str(USER_DIR), "--arch", entry["arch"],
-           *to_flags({**cfg["model"], **entry.get("model", {})}), *to_flags(cfg["train"]),
-           "--seed", str(cfg["seed"]), "--save-dir", str(save_dir), "--no-epoch-checkpoints",
-           "--log-format", "simple", "--log-interval", str(log_interval), "--num-workers", "0",
-           *(["--max-update", str(updates)] if updates else []),
-           *(["--stop-time-hours", f"{seconds / 3600:.6f}"] if seconds else []),
-           *([] if gpu else ["--cpu"])]
+    return [exe, str(data), "--user-dir", str(USER_DIR), "--arch", entry["arch"],
+            *to_flags({**cfg["model"], **entry.get("model", {})}), *to_flags(cfg["train"]),
+            "--seed", str(cfg["seed"]), "--save-dir", str(save_dir), "--no-epoch-checkpoints",
+            "--log-format", "simple", "--log-interval", str(log_interval), "--num-workers", "0",
+            *(["--max-update", str(updates)] if updates else []),
+            *(["--stop-time-hours", f"{seconds / 3600:.6f}"] if seconds else []),
+            *([] if gpu else ["--cpu"])]
+
+
+def train_one(entry: dict, cfg: dict, data: Path, save_dir: Path, updates: Optional[int],
+              seconds: Optional[float], gpu: bool, log_interval: int, progress: DemoProgress,
+              index: int) -> Dict[str, float]:
+    cmd = train_command(entry, cfg, data, save_dir, updates, seconds, gpu, log_interval)
     if save_dir.exists():  # fairseq would resume from a previous demo's checkpoint_last.pt
         shutil.rmtree(save_dir)
     save_dir.mkdir(parents=True)

@@ -154,3 +154,22 @@ def test_usable_cores_sees_a_container_quota(tmp_path):
     assert demo.cgroup_cpu_quota(tmp_path) is None
     (v1 / "cpu.cfs_quota_us").write_text("100000\n")
     assert demo.cgroup_cpu_quota(tmp_path) == 1.0 and demo.usable_cores(tmp_path) == 1
+
+
+def test_train_command_stops_at_the_fixed_updates_or_the_time_share(tmp_path):
+    cfg = demo.load_demo_config(DEMO_YAML)
+    entry = cfg["architectures"][0]
+
+    def command(updates, seconds):
+        cmd = demo.train_command(entry, cfg, tmp_path / "data", tmp_path / "run", updates, seconds,
+                                 gpu=False, log_interval=10)
+        assert cmd[-1] == "--cpu"
+        return dict(zip(cmd, cmd[1:]))
+
+    fixed = command(400, None)
+    assert fixed["--max-update"] == "400" and "--stop-time-hours" not in fixed
+    assert fixed["--seed"] == str(cfg["seed"]) and fixed["--arch"] == entry["arch"]
+    both = command(400, 360.0)
+    assert both["--max-update"] == "400" and both["--stop-time-hours"] == "0.100000"
+    budget_only = command(0, 360.0)
+    assert "--max-update" not in budget_only and budget_only["--stop-time-hours"] == "0.100000"
