@@ -238,10 +238,9 @@ def thread_environment(threads: int, passive: bool):
 
 def run_models(entries: List[dict], cfg: dict, data: Path, out: Path, updates: int, deadline: Optional[float],
                gpu: bool, log_interval: int, progress: DemoProgress):
-    """Train and translate every entry in turn; returns the table rows and the load averages
-    seen after each training and each translation."""
+    """Train and translate every entry in turn; yields each one's table row and the load
+    averages seen after its training and its translation."""
     overhead = 0.0  # with a time budget: start-up, validation and translation time of the previous one
-    rows, loads = [], []
     for i, entry in enumerate(entries):
         train_seconds = None
         if deadline is not None:
@@ -251,7 +250,7 @@ def run_models(entries: List[dict], cfg: dict, data: Path, out: Path, updates: i
         t_arch = time.monotonic()
         progress.set_stage(i, "starting")
         stats = train_one(entry, cfg, data, run, updates, train_seconds, gpu, log_interval, progress, i)
-        loads.append(os.getloadavg()[0])
+        loads = [os.getloadavg()[0]]
         progress.set_stage(i, "translating")
         t0 = time.monotonic()
         hyps = generate({"task": {}, "generate": cfg["generate"]}, data, run / "checkpoint_best.pt", "test",
@@ -262,10 +261,9 @@ def run_models(entries: List[dict], cfg: dict, data: Path, out: Path, updates: i
         progress.finished(i)
         progress.write(f"{entry['name']}: SacreBLEU {row['sacrebleu']:.2f}, {row['params']:,} parameters, "
                        f"{row['updates']} updates, {row['words_per_second']:.0f} words/s")
-        rows.append(row)
         if train_seconds is not None:
             overhead = max(0.0, time.monotonic() - t_arch - train_seconds)
-    return rows, loads
+        yield row, loads
 
 
 def relative_times(rows: List[dict], baseline: str) -> None:
@@ -288,7 +286,8 @@ def markdown(rows: List[dict], run: dict) -> str:
            + (" — a busy machine, so the speed columns are noisy" if busy else "")
            + (" (and, with a time budget, BLEU)." if busy and run["minutes"] else "."),
            f"Time/update is relative to {run['baseline']} (median over the logging intervals); "
-           f"the whole demo took {clock(run['seconds'])}.", "",
+           + (f"the whole demo took {clock(run['seconds'])}." if len(rows) == run["models"] else
+            f"{len(rows)} of {run['models']} models done after {clock(run['seconds'])}."), "",
            f"| Model | arch | SacreBLEU | tok. BLEU | parameters | updates | train words/s | "
            f"time/update vs {run['baseline']} |",
            "|---|---|---:|---:|---:|---:|---:|---:|"]
@@ -320,6 +319,16 @@ def plot(rows: List[dict], baseline: str, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def write_results(rows: List[dict], run_info: dict, out: Path) -> str:
+    """demo.md, demo.json and demo.png of the rows so far; returns the Markdown table."""
+    relative_times(rows, run_info["baseline"])
+    table = markdown(rows, run_info)
+    (out / "demo.md").write_text(table, encoding="utf-8")
+    (out / "demo.json").write_text(json.dumps({"run": run_info, "rows": rows}, indent=2) + "\n")
+    plot(rows, run_info["baseline"], out / "demo.png")
+    return table
 
 
 def main(argv=None) -> List[dict]:
@@ -374,21 +383,21 @@ def main(argv=None) -> List[dict]:
                                 args.train_sentences, args.test_sentences)
         progress = DemoProgress([e["name"] for e in entries], updates or None, deadline,
                                 interval=args.progress_interval)
+        rows, loads = [], [load0]
         try:
-            rows, loads = run_models(entries, cfg, data, args.out, updates, deadline, args.gpu,
-                                     args.log_interval, progress)
+            for row, seen in run_models(entries, cfg, data, args.out, updates, deadline, args.gpu,
+                                        args.log_interval, progress):
+                rows.append(row)
+                loads += seen
+                run_info = {"updates": updates, "minutes": args.minutes, "seed": cfg["seed"],
+                            "baseline": cfg["baseline"], "device": "GPU" if args.gpu else f"CPU ({cores} cores)",
+                            "cores": cores, "threads": threads, "models": len(entries),
+                            "load": {"mean": sum(loads) / len(loads), "max": max(loads)},
+                            "seconds": time.monotonic() - start}
+                # after every model, so that an interrupted demo keeps what it finished
+                table = write_results(rows, run_info, args.out)
         finally:
             progress.close()
-    loads.insert(0, load0)
-    relative_times(rows, cfg["baseline"])
-    run_info = {"updates": updates, "minutes": args.minutes, "seed": cfg["seed"], "baseline": cfg["baseline"],
-                "device": "GPU" if args.gpu else f"CPU ({cores} cores)", "cores": cores, "threads": threads,
-                "load": {"mean": sum(loads) / len(loads), "max": max(loads)},
-                "seconds": time.monotonic() - start}
-    table = markdown(rows, run_info)
-    (args.out / "demo.md").write_text(table, encoding="utf-8")
-    (args.out / "demo.json").write_text(json.dumps({"run": run_info, "rows": rows}, indent=2) + "\n")
-    plot(rows, cfg["baseline"], args.out / "demo.png")
     print("\n" + table + f"\nsaved {args.out / 'demo.md'} and {args.out / 'demo.png'} "
           f"({clock(run_info['seconds'])})", flush=True)
     return rows

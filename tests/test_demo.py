@@ -97,7 +97,7 @@ def _row(name, spu, bleu=20.0):
 
 
 RUN = {"updates": 400, "minutes": None, "seed": 1, "baseline": "Transformer", "device": "CPU (2 cores)",
-       "cores": 2, "threads": 2, "load": {"mean": 6.0, "max": 9.0}, "seconds": 1800.0}
+       "cores": 2, "threads": 2, "models": 3, "load": {"mean": 6.0, "max": 9.0}, "seconds": 1800.0}
 
 
 def test_relative_time_column_is_against_the_baseline_of_the_same_run(tmp_path):
@@ -109,6 +109,7 @@ def test_relative_time_column_is_against_the_baseline_of_the_same_run(tmp_path):
     assert "| 5000 | 1.00x |" in table and "| 5000 | 1.50x |" in table and "| 5000 | – |" in table
     assert "400 updates per model (seed 1) on CPU (2 cores)" in table
     assert "busy machine, so the speed columns are noisy" in table and "took 30:00" in table
+    assert "2 of 3 models done after 30:00" in demo.markdown(rows[:2], RUN)  # an interrupted demo
     quiet = demo.markdown(rows, {**RUN, "load": {"mean": 2.1, "max": 2.4}})
     assert "noisy" not in quiet
     demo.plot(rows, "Transformer", tmp_path / "demo.png")
