@@ -39,7 +39,7 @@ from .train import build_command
 
 DEFAULT_RAW = REPO.parent / "shared" / "data" / "multi30k"
 _KEYS = ("bpe_merges", "seeds", "updates", "baseline", "model", "train", "generate", "models")
-# --tiny: a 300-pair corpus, a model 32 wide, a few updates; exercises every step in seconds
+# --tiny: a 300-pair corpus, models 32 wide (fast branch 8), a few updates; every step in seconds
 TINY = {"train_sentences": 300, "test_sentences": 20, "bpe_merges": 300, "seeds": [1, 2], "updates": [2, 4],
         "model": {"encoder-layers": 1, "decoder-layers": 1, "encoder-embed-dim": 32, "decoder-embed-dim": 32,
                   "encoder-ffn-embed-dim": 64, "decoder-ffn-embed-dim": 64, "encoder-attention-heads": 2,
@@ -234,8 +234,9 @@ def main(argv=None) -> List[dict]:
     cfg = load_study(args.config)
     limits = {}
     if args.tiny:
-        cfg.update(bpe_merges=TINY["bpe_merges"], seeds=TINY["seeds"], updates=TINY["updates"], log_interval=1,
-                   model={**cfg["model"], **TINY["model"]})
+        cfg.update(bpe_merges=TINY["bpe_merges"], seeds=TINY["seeds"], updates=TINY["updates"], log_interval=1)
+        for options in [cfg["model"]] + [e.get("model", {}) for e in cfg["models"]]:
+            options.update({k: v for k, v in TINY["model"].items() if k in options})  # the sizes each one sets
         limits = {"limit": TINY["train_sentences"], "test_limit": TINY["test_sentences"]}
     entries = cfg["models"]
     if args.models:
