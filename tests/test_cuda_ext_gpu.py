@@ -41,7 +41,8 @@ def cuda_attention(graph, kpm, split_edges=cuda_backend.SPLIT_EDGES):
         cuda_backend.load_extension(), q, k, v, graph, r, kpm, split_edges=split_edges)
 
 
-def check(graph, batch, heads, dim, dtype, padded_lengths=None, split_edges=cuda_backend.SPLIT_EDGES):
+def check(graph, batch, heads, dim, dtype, padded_lengths=None,
+          split_edges=cuda_backend.SPLIT_EDGES):
     leaves, kpm = make_inputs(graph, batch, heads, dim, dtype, padded_lengths)
     check_against_torch(cuda_attention(graph, kpm, split_edges), graph, leaves, kpm, dtype)
 

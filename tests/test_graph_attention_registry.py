@@ -53,7 +53,7 @@ def _inputs(dim=16):
 def test_a_backend_failing_its_self_check_is_never_picked(fake_gpu):
     broken = fake_gpu("cuda", FakeBackend(broken=True))
     graph, q, k, v = _inputs()
-    with pytest.warns(RuntimeWarning, match=r"'cuda' failed its self-check.*differs from the torch"):
+    with pytest.warns(RuntimeWarning, match=r"'cuda' failed its self-check.*differs from"):
         out = graph_attention(q, k, v, graph)
     torch.testing.assert_close(out, graph_attention(q, k, v, graph, backend="torch"))
     calls = broken.calls  # the self-check's call only
@@ -88,6 +88,12 @@ def test_self_check_is_per_dtype_and_head_dim_and_skips_unavailable(fake_gpu):
     assert cuda.calls == 2  # one check per head dim
     cuda.available = False
     assert registry.auto_backend(torch.randn(1, 1, 4, 64)) == "torch" and cuda.calls == 2
+
+
+def test_self_check_runs_under_inference_mode(fake_gpu):
+    fake_gpu("cuda", FakeBackend())
+    with torch.inference_mode():
+        assert registry.auto_backend(torch.randn(1, 1, 4, 16)) == "cuda"
 
 
 def test_cpu_tensors_never_look_for_a_fast_backend(monkeypatch):
