@@ -46,13 +46,15 @@ def test_every_dtype_and_head_dim_on_a_padded_bpt_graph(emulation, dtype, dim):
 
 
 @pytest.mark.parametrize("split", [SPLIT, cuda_backend.SPLIT_EDGES])
-@pytest.mark.parametrize("builder", ["bpt2_causal", "segtree", "random"])
+@pytest.mark.parametrize("builder", ["bpt2_causal", "segtree", "random", "random_300_types"])
 def test_graphs_with_and_without_split_rows(emulation, builder, split):
     graph = {"bpt2_causal": lambda: bpt_graph(11, 2, causal=True),
              "segtree": lambda: segtree_graph(9),
              # multi-type rows split across warps, empty rows, random padding
-             "random": lambda: random_graph(24, 5, 4)}[builder]()
-    lengths = None if builder == "random" else [graph.tree.num_tokens, 4]
+             "random": lambda: random_graph(24, 5, 4),
+             # rows whose types span several type windows of the dQ kernel
+             "random_300_types": lambda: random_graph(24, 8, 300)}[builder]()
+    lengths = None if graph.tree is None else [graph.tree.num_tokens, 4]
     leaves, kpm = inputs(graph, 32, lengths=lengths)
     check_against_torch(fused(emulation, graph, kpm, split), graph, leaves, kpm, torch.float32)
 

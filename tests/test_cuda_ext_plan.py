@@ -31,8 +31,9 @@ def check_schedule(schedule, indptr, split, multi_type):
     assert set(merges[:, 0].tolist()) == set(row[slot >= 0].tolist())
 
 
-@pytest.mark.parametrize("graph", [bpt_graph(300, 4), random_graph(60, 12, 5)],
-                         ids=["bpt", "random"])
+@pytest.mark.parametrize("graph", [bpt_graph(300, 4), random_graph(60, 12, 5),
+                                   random_graph(50, 20, 400)],
+                         ids=["bpt", "random", "random_400_types"])
 @pytest.mark.parametrize("split", [3, 64])
 def test_plan_covers_every_edge_once_longest_first(graph, split):
     plan = cuda_backend.kernel_plan(graph, split)
@@ -49,6 +50,8 @@ def test_plan_covers_every_edge_once_longest_first(graph, split):
     types_per_row[rows, graph.edge_type] = True
     multi_type = types_per_row.sum(1) > 1
     check_schedule(plan.by_query, graph.indptr, split, multi_type)
+    for _, begin, end, _, _ in plan.by_query.pieces.tolist():  # one type window per piece
+        assert len(set((plan.edge_type[begin:end] // cuda_backend.TYPE_WINDOW).tolist())) <= 1
 
     # transposed: the edges of each key, their queries and kernel positions
     t_indptr = torch.cat([torch.zeros(1, dtype=torch.long),

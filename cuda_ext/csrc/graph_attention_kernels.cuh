@@ -20,9 +20,10 @@
 // backward  dQ per query piece; dK/dV per key piece of the transposed CSR: every gradient
 //           element is written by one warp or one merge, no atomics. The relative-key
 //           gradient is drel[t] = scale * sum_rows G[row, t] q_row with G the per-row,
-//           per-type sums of dS. Edges of a row are ordered by type, so each (piece, type)
-//           is one run summed in registers and stored once; a row whose edges all share
-//           one type has G = sum_e dS_e = 0 exactly and stores nothing.
+//           per-type sums of dS, accumulated in registers across the lanes (a piece's
+//           types lie in one window of kTypeWindow) and stored once per piece; a row
+//           whose edges all share one type has G = sum_e dS_e = 0 exactly and stores
+//           nothing. No read-modify-write of G anywhere.
 // dropout   the keep decision of edge e in (batch, head) bh is a pure function of
 //           (seed, offset + bh * E + e) (dropout_bits below), so backward regenerates it.
 #pragma once
@@ -42,6 +43,11 @@ constexpr int kWarpSize = 32;
 constexpr int kWarpsPerBlock = 4;
 constexpr int kEdgesPerStep = 4;  // edges whose loads and reductions are interleaved
 constexpr unsigned kFullMask = 0xffffffffu;
+// The dQ kernel sums dS per edge type in registers: lane L, slot s holds type
+// type_base + s * 32 + L. The schedule keeps each piece's types within one window of
+// kTypeWindow types (cuda_backend.TYPE_WINDOW); rows over several windows are split.
+constexpr int kTypeSlots = 4;
+constexpr int kTypeWindow = kTypeSlots * kWarpSize;
 
 template <typename T, int VEC>
 struct alignas(sizeof(T) * VEC) Pack {
@@ -346,6 +352,12 @@ __global__ void __launch_bounds__(kWarpSize * kWarpsPerBlock)
   float dq[VEC];
 #pragma unroll
   for (int i = 0; i < VEC; ++i) dq[i] = 0.f;
+  // G of this piece: lane L, slot s holds type type_base + s * kWarpSize + L
+  const int type_base =
+      piece.begin < piece.end ? p.edge_type[piece.begin] / kTypeWindow * kTypeWindow : 0;
+  float type_sum[kTypeSlots];
+#pragma unroll
+  for (int s = 0; s < kTypeSlots; ++s) type_sum[s] = 0.f;
 
   const float row_lse = lse[row];
   if (row_lse != -INFINITY) {
@@ -354,8 +366,6 @@ __global__ void __launch_bounds__(kWarpSize * kWarpsPerBlock)
     load_scaled_query<T, VEC>(p, row, lane, q);
     load_vec<T, VEC>(grad_out + row * D + lane * VEC, dout);
 
-    int run_type = -1;  // the type run being summed (edges of a row are ordered by type)
-    float run_sum = 0.f;
     for (int e0 = piece.begin; e0 < piece.end; e0 += kEdgesPerStep) {
       float score[kEdgesPerStep], dprob[kEdgesPerStep];
       float kk[kEdgesPerStep][VEC];
@@ -392,17 +402,18 @@ __global__ void __launch_bounds__(kWarpSize * kWarpsPerBlock)
         const float dscore = prob * (dprob[c] * dropout_factor(p, bh, e0 + c) - row_delta);
 #pragma unroll
         for (int i = 0; i < VEC; ++i) dq[i] = fmaf(dscore, kk[c][i], dq[i]);
-        if (type_dst != nullptr) {
-          if (type[c] != run_type) {  // one plain store per (piece, type), off the loads
-            if (run_type >= 0 && lane == 0) type_dst[run_type] = run_sum;
-            run_type = type[c];
-            run_sum = 0.f;
-          }
-          run_sum += dscore;
-        }
+#pragma unroll
+        for (int s = 0; s < kTypeSlots; ++s)
+          type_sum[s] += type[c] - type_base == s * kWarpSize + lane ? dscore : 0.f;
       }
     }
-    if (type_dst != nullptr && run_type >= 0 && lane == 0) type_dst[run_type] = run_sum;
+  }
+  if (type_dst != nullptr) {  // one plain, coalesced store per (piece, type)
+#pragma unroll
+    for (int s = 0; s < kTypeSlots; ++s) {
+      const int t = type_base + s * kWarpSize + lane;
+      if (t < p.num_edge_types) type_dst[t] = type_sum[s];
+    }
   }
 #pragma unroll
   for (int i = 0; i < VEC; ++i) dq[i] *= p.scale;

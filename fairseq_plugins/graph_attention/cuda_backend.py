@@ -7,8 +7,9 @@ Importing this module needs neither nvcc nor a GPU: it only registers the backen
 ``is_available`` says no (and warns once, with the reason) when the kernels cannot run.
 
 The kernels' work list (``KernelPlan``) is built here once per graph and device: rows longer
-than ``SPLIT_EDGES`` edges are cut into pieces merged afterwards, pieces are sorted longest
-first, a row's edges are ordered by type, and the graph's index contents are validated.
+than ``SPLIT_EDGES`` edges, or whose edge types span several windows of ``TYPE_WINDOW``, are
+cut into pieces merged afterwards; pieces are sorted longest first, a row's edges are ordered
+by type, and the graph's index contents are validated.
 ``fused_graph_attention`` runs any build of the kernels with the same Python glue: the CUDA
 one here, the CPU host emulation in the tests (``tests/cuda_ext_emulation.py``).
 """
@@ -38,6 +39,9 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # on average and a root row of 8192: 256 keeps ordinary rows whole and cuts the long ones
 # into warp-sized work.
 SPLIT_EDGES = 256
+# The dQ kernel sums dS per edge type in registers over a window of this many types
+# (kTypeWindow in the kernels): a row whose types span several windows is split there.
+TYPE_WINDOW = 128
 INT32_MAX = 2**31 - 1
 
 _lock = threading.Lock()
@@ -156,19 +160,35 @@ def validate_graph(graph: AttentionGraph) -> None:
 
 
 def work_schedule(indptr: torch.Tensor, multi_type: torch.Tensor,
-                  split_edges: int = SPLIT_EDGES) -> WorkSchedule:
+                  split_edges: int = SPLIT_EDGES, window=None) -> WorkSchedule:
     """Pieces of at most ``split_edges`` edges per CSR row (one, possibly empty, for short
-    rows), longest first; the slots and merges of the rows split into several pieces."""
+    rows), longest first; the slots and merges of the rows split into several pieces.
+    ``window`` (int64 [E], non-decreasing within rows): a piece never spans two values."""
     if split_edges < 1:
         raise ValueError(f"split_edges must be >= 1, got {split_edges}")
+    num_rows, num_edges = indptr.numel() - 1, int(indptr[-1])
     lengths = indptr.diff()
-    num_rows = lengths.numel()
-    counts = ((lengths + split_edges - 1) // split_edges).clamp_min(1)
-    row = torch.repeat_interleave(torch.arange(num_rows), counts)
-    first_piece = counts.cumsum(0) - counts
-    local = torch.arange(row.numel()) - first_piece[row]
-    begin = indptr[row] + local * split_edges
-    end = torch.minimum(begin + split_edges, indptr[row + 1])
+    rows = torch.repeat_interleave(torch.arange(num_rows), lengths)
+    # segments: the runs of a row with one window value; a row without edges is one
+    starts = torch.zeros(num_edges, dtype=torch.bool)
+    if window is not None and num_edges:
+        starts[1:] = window[1:] != window[:-1]
+    starts[indptr[:-1][lengths > 0]] = True
+    empty = (lengths == 0).nonzero().flatten()
+    seg_begin = torch.cat([starts.nonzero().flatten(), indptr[empty]])
+    seg_row = torch.cat([rows[starts], empty])
+    order = torch.argsort(seg_row * (num_edges + 1) + seg_begin)
+    seg_begin, seg_row = seg_begin[order], seg_row[order]
+    next_begin = torch.cat([seg_begin[1:], seg_begin.new_tensor([num_edges])])
+    seg_end = torch.minimum(next_begin, indptr[seg_row + 1])
+    chunks = ((seg_end - seg_begin + split_edges - 1) // split_edges).clamp_min(1)
+    segment = torch.repeat_interleave(torch.arange(seg_begin.numel()), chunks)
+    local = torch.arange(segment.numel()) - (chunks.cumsum(0) - chunks)[segment]
+    row = seg_row[segment]
+    begin = seg_begin[segment] + local * split_edges
+    end = torch.minimum(begin + split_edges, seg_end[segment])
+    counts = torch.bincount(row, minlength=num_rows)
+    local = torch.arange(row.numel()) - (counts.cumsum(0) - counts)[row]
     split = counts[row] > 1
     slot = torch.where(split, split.long().cumsum(0) - 1, torch.full_like(row, -1))
     multi = multi_type.long()[row]
@@ -191,7 +211,8 @@ def kernel_plan(graph: AttentionGraph, split_edges: int = SPLIT_EDGES) -> Kernel
     run_start = torch.ones(order.numel(), dtype=torch.bool)
     run_start[1:] = (edge_type[1:] != edge_type[:-1]) | (rows[1:] != rows[:-1])
     multi_type = torch.bincount(rows[run_start], minlength=n) > 1
-    by_query = work_schedule(graph.indptr, multi_type, split_edges)
+    by_query = work_schedule(graph.indptr, multi_type, split_edges,
+                             torch.div(edge_type, TYPE_WINDOW, rounding_mode="floor"))
 
     by_key_order = torch.argsort(indices * n + rows)  # rows are unchanged by `order`
     t_indptr = torch.cat([graph.indptr.new_zeros(1),
