@@ -328,8 +328,9 @@ __global__ void __launch_bounds__(kWarpSize * kWarpsPerBlock)
 // dQ and the per-type sums G of dS for one query piece. A whole row writes grad_q and its
 // G row; a piece of a split row writes its dQ to `partial` ([batch_heads, num_slots, D])
 // and its G to `type_partial` ([batch_heads, num_slots, T], zero-filled).
+// min 1 block per SM: without it ptxas capped sm_90's registers and spilled (fp16/bf16, D 32/64)
 template <typename T, int D>
-__global__ void __launch_bounds__(kWarpSize * kWarpsPerBlock)
+__global__ void __launch_bounds__(kWarpSize * kWarpsPerBlock, 1)
     backward_query_kernel(const Params<T> p, const Schedule s, const T* __restrict__ grad_out,
                           const float* __restrict__ lse, const float* __restrict__ delta,
                           T* __restrict__ grad_q, float* __restrict__ type_grad_sums,
