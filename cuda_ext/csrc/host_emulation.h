@@ -22,7 +22,7 @@
 #define __global__
 #define __device__
 #define __forceinline__ inline
-#define __launch_bounds__(threads)
+#define __launch_bounds__(...)
 
 struct dim3 {
   unsigned x, y, z;
