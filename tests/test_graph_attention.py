@@ -194,8 +194,8 @@ def test_band_fold_is_the_adjoint_of_the_band_windows(size, groups, share, strid
 def one_row_chunks(monkeypatch):
     """The tree path with chunks of one (sentence x head) row: many chunks per query set and a
     workspace reused from set to set."""
-    from fairseq_plugins.modules import graph_attention_tree
-    monkeypatch.setattr(graph_attention_tree, "FLOATS_PER_CHUNK", 1)
+    from fairseq_plugins.graph_attention import torch_tree
+    monkeypatch.setattr(torch_tree, "FLOATS_PER_CHUNK", 1)
 
 
 @pytest.mark.parametrize("name", ["bpt-k4", "segtree-causal"])
