@@ -170,6 +170,7 @@ def test_tree_path_dropout_gradients():
 
 @pytest.mark.parametrize("size,groups,share,stride,left,width", [
     (37, 5, 1, 8, 3, 13),  # bands overhang both ends
+    (37, 9, 1, 2, 3, 13),  # a coarse level: folded by one indexed add
     (9, 4, 1, 2, 6, 11),  # every band overhangs: no inner run
     (16, 3, 1, 4, 0, 4),  # exact tiling
     (5, 7, 2, 1, 2, 5),  # consecutive groups share a band

@@ -7,6 +7,7 @@ level form one short band of that level; the bands of all levels side by side ar
 score columns, so each product is one batched GEMM (see ``_tree_plan`` and ``_TreeAttention``).
 """
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Tuple
@@ -179,19 +180,38 @@ def _windows(padded: torch.Tensor, band: _KeyBand, groups: int) -> torch.Tensor:
     return windows
 
 
+MAX_SHIFTED_ADDS = 4  # more (coarse levels: narrow strides, small levels) cost more in calls
+
+
+@functools.lru_cache(maxsize=None)
+def _fold_index(band: _KeyBand, num_bands: int, device: torch.device):
+    """(positions, nodes): the band columns of ``num_bands`` bands (flattened [bands x width])
+    that lie inside the level, and the key node of each."""
+    node = ((torch.arange(num_bands) * band.stride - band.left)[:, None]
+            + torch.arange(band.width)).flatten()
+    positions = torch.nonzero((node >= 0) & (node < band.size)).flatten()
+    return positions.to(device), node[positions].to(device)
+
+
 def _add_unbanded(target: torch.Tensor, bands: torch.Tensor, band: _KeyBand) -> None:
     """Adjoint of ``_windows``: add [C, groups, width, D] band gradients onto [C, size, D] nodes.
 
     Column c of band b is node b * stride - left + c, so one stride-wide slice of the columns
     of consecutive bands is a run of consecutive nodes: the fold is ceil(width / stride) adds
     through strided views of the target (far faster than ``unfold``'s generic backward, and
-    no copy), plus a few clipped adds for the bands that overhang either end of the level."""
+    no copy), plus a few clipped adds for the bands that overhang either end of the level. A
+    coarse level (a stride of a few nodes: many narrow runs) instead takes one ``index_add_``
+    over a cached index (the level is small, so its serial loop costs less than the calls)."""
     chunk, groups, width, dim = bands.shape
     if band.share > 1:  # groups that read one band: sum them first
         num_bands = -(-groups // band.share)
         bands = F.pad(bands, (0, 0, 0, 0, 0, num_bands * band.share - groups))
         bands = bands.view(chunk, num_bands, band.share, width, dim).sum(2)
         groups = num_bands
+    if -(-width // band.stride) > MAX_SHIFTED_ADDS:  # a coarse level: one indexed add
+        positions, nodes = _fold_index(band, groups, target.device)
+        target.index_add_(1, nodes, bands.flatten(1, 2).index_select(1, positions))
+        return
     stride, size = band.stride, band.size
     for low in range(0, width, stride):
         run = min(stride, width - low)
@@ -258,9 +278,9 @@ class _Levels:
 
     def gather(self, chunk: slice, out: torch.Tensor) -> torch.Tensor:
         """out [C, groups, W, D]: every group's keys (or values) of the chunk, levels side by side."""
-        groups, parts = self.queries.groups, []
+        groups, parts, x = self.queries.groups, [], self.x[chunk]
         for band, (buffer, left) in zip(self.queries.keys, self.padded):
-            level = _nodes(self.x[chunk], band)
+            level = _nodes(x, band)
             if band.full:
                 parts.append(level.unsqueeze(1).expand(-1, groups, -1, -1))
                 continue
