@@ -4,19 +4,22 @@ For each length n (8192 tokens per batch, 8 heads, head dim 64) and each k, time
 backward of (a) the attention op alone and (b) one full encoder layer (d 512, FFN 2048), with
 the BPT graph over ~2n nodes against torch's fused ``scaled_dot_product_attention`` over the n
 tokens. Times: for each (part, n), dense and every k are built in one process and run in
-alternation, ``--repeats`` rounds, keeping each one's fastest step, so that load from other
-jobs on a shared machine hits all of them alike. Peak memory: the growth of the peak RSS over
-one forward+backward step (inputs already allocated), each configuration in a fresh process.
-Prints ratios (dense / BPT: above 1 means BPT is faster or smaller) and time(2n) / time(n), and
-writes a markdown table and a PNG.
+alternation at every ``--threads`` count, ``--repeats`` rounds; the table gives each one's
+median and the range of the per-round ratio dense / BPT, so that load from other jobs on a
+shared machine hits all of them alike and shows. Peak memory: the growth of the peak RSS over
+one forward+backward step (inputs and the graph's cached plan already there), each
+configuration in a fresh process. Prints ratios (dense / BPT: above 1 means BPT is faster or
+smaller), time(2n) / time(n) and, with two thread counts, BPT's speed-up from the first to the
+last; writes a markdown table and a PNG.
 
     python scripts/benchmark_graph_attention.py                       # full: n 256..8192
-    python scripts/benchmark_graph_attention.py --lengths 256 1024 2048 --ks 1 4 --repeats 1
+    python scripts/benchmark_graph_attention.py --lengths 1024 8192 --ks 4 --threads 1 2
 """
 
 import argparse
 import json
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -29,7 +32,7 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def build_step(kind: str, n: int, k: int, tokens: int, threads: int):
+def build_step(kind: str, n: int, k: int, tokens: int):
     """A closure running one forward+backward of the configuration (k = 0: dense SDPA)."""
     import torch
     import torch.nn.functional as F
@@ -41,7 +44,6 @@ def build_step(kind: str, n: int, k: int, tokens: int, threads: int):
     from fairseq_plugins.modules.bpt.graph_self_attention import GraphSelfAttention
     from fairseq_plugins.modules.common.heads import merge_heads, split_heads
 
-    torch.set_num_threads(threads)
     torch.manual_seed(0)
     bsz, heads, dim, model_dim = max(tokens // n, 1), 8, 64, 512
     dense = k == 0
@@ -90,26 +92,37 @@ def build_step(kind: str, n: int, k: int, tokens: int, threads: int):
         def step():
             layer(x).backward(grad_out)
 
+    if not dense:  # the graph's plan (cached on the graph, built once per length) is not a step
+        small = torch.zeros(1, 1, nodes, dim)
+        graph_attention(small, small, small, graph, torch.zeros(graph.num_edge_types, dim),
+                        backend="torch")
     return step
 
 
-def time_worker(kind: str, n: int, ks, tokens: int, repeats: int, threads: int) -> dict:
-    """Fastest forward+backward of dense (k = 0) and of every k, run in alternation."""
-    steps = {k: build_step(kind, n, k, tokens, threads) for k in [0] + list(ks)}
-    for step in steps.values():
-        step()  # warm-up (also builds and caches the graph's plan)
-    best = {k: float("inf") for k in steps}
-    for _ in range(repeats):
-        for k, step in steps.items():
-            start = time.perf_counter()
-            step()
-            best[k] = min(best[k], time.perf_counter() - start)
-    return {str(k): seconds for k, seconds in best.items()}
+def time_worker(kind: str, n: int, ks, tokens: int, repeats: int, threads) -> dict:
+    """Seconds of every forward+backward of dense (k = 0) and of every k at every thread
+    count, run in alternation: {threads: {k: [seconds per round]}}."""
+    import torch
+
+    steps = {k: build_step(kind, n, k, tokens) for k in [0] + list(ks)}
+    seconds = {t: {k: [] for k in steps} for t in threads}
+    for round_ in range(repeats + 1):
+        for t in threads:
+            torch.set_num_threads(t)
+            for k, step in steps.items():
+                start = time.perf_counter()
+                step()
+                if round_:  # round 0 warms up
+                    seconds[t][k].append(time.perf_counter() - start)
+    return {str(t): {str(k): v for k, v in by_k.items()} for t, by_k in seconds.items()}
 
 
 def memory_worker(kind: str, n: int, k: int, tokens: int, threads: int) -> float:
     """Peak RSS growth (MB) of one forward+backward, inputs already allocated."""
-    step = build_step(kind, n, k, tokens, threads)
+    import torch
+
+    torch.set_num_threads(threads)
+    step = build_step(kind, n, k, tokens)
     base = peak_rss_mb()
     step()
     return peak_rss_mb() - base
@@ -117,7 +130,7 @@ def memory_worker(kind: str, n: int, k: int, tokens: int, threads: int) -> float
 
 def run_worker(*worker_args, args) -> object:
     cmd = [sys.executable, __file__, "--worker", *map(str, worker_args), "--tokens",
-           str(args.tokens), "--repeats", str(args.repeats), "--threads", str(args.threads)]
+           str(args.tokens), "--repeats", str(args.repeats), "--threads", *map(str, args.threads)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -126,9 +139,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096, 8192])
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument("--parts", nargs="+", choices=["op", "layer"], default=["op", "layer"])
     parser.add_argument("--tokens", type=int, default=8192, help="tokens per batch")
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds (after one warm-up)")
+    parser.add_argument("--threads", type=int, nargs="+", default=[2],
+                        help="thread counts, timed in alternation (memory: the last)")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "graph_attention")
     parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -138,43 +153,63 @@ def main():
             result = time_worker(kind, int(n), [int(k) for k in ks], args.tokens, args.repeats,
                                  args.threads)
         else:
-            result = memory_worker(kind, int(n), int(ks[0]), args.tokens, args.threads)
+            result = memory_worker(kind, int(n), int(ks[0]), args.tokens, args.threads[-1])
         print(json.dumps(result))
         return
     if any(k < 1 for k in args.ks) or any(n < 1 for n in args.lengths):
         parser.error("lengths and ks must be positive")
 
     results = {}
-    pairs = [(kind, n) for kind in ("op", "layer") for n in args.lengths]
+    pairs = [(kind, n) for kind in args.parts for n in args.lengths]
     for i, (kind, n) in enumerate(pairs, 1):
         print(f"[{i}/{len(pairs)}] {kind} n={n}:", end=" ", flush=True)
         seconds = run_worker("time", kind, n, *args.ks, args=args)
         for k in [0] + args.ks:
             peak = run_worker("memory", kind, n, k, args=args)
-            results[kind, n, k] = {"seconds": seconds[str(k)], "peak_mb": peak}
+            results[kind, n, k] = {"seconds": {int(t): v[str(k)] for t, v in seconds.items()},
+                                   "peak_mb": peak}
             label = "dense" if k == 0 else f"k={k}"
-            print(f"{label} {seconds[str(k)]:.3f} s +{peak:.0f} MB", end="; ", flush=True)
+            median = statistics.median(seconds[str(args.threads[-1])][str(k)])
+            print(f"{label} {median:.3f} s +{peak:.0f} MB", end="; ", flush=True)
         print(flush=True)
 
-    lines = ["| part | n | k | BPT s | dense s | speed (dense/BPT) | memory (dense/BPT) | BPT time(n)/time(n/2) |",
-             "|---|---|---|---|---|---|---|---|"]
-    for kind in ("op", "layer"):
+    table = make_table(results, args)
+    print(table)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    load = Path("/proc/loadavg").read_text().split()[0] if Path("/proc/loadavg").exists() else "?"
+    args.out.with_suffix(".md").write_text(
+        f"Forward+backward, {args.tokens} tokens per batch, 8 heads x 64, PyTorch backend vs "
+        f"F.scaled_dot_product_attention; medians of {args.repeats} alternating rounds, the range "
+        f"of the per-round ratio in brackets; memory at {args.threads[-1]} threads. "
+        f"{machine_line()} Load average at the end: {load}.\n\n{table}\n")
+    plot(results, args)
+
+
+def make_table(results, args) -> str:
+    """One row per (part, k, n, threads): medians, dense / BPT with its range over the rounds,
+    memory, time(n) / time(n/2) and BPT's speed-up over the first thread count."""
+    def median(kind, n, k, t):
+        return statistics.median(results[kind, n, k]["seconds"][t])
+
+    lines = ["| part | n | k | threads | BPT s | dense s | speed (dense/BPT) [range] | memory MB dense / BPT | "
+             "BPT time(n)/time(n/2) | BPT speed-up vs " + f"{args.threads[0]} thread(s) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for kind in args.parts:
         for k in args.ks:
             for n in args.lengths:
                 r, d = results[kind, n, k], results[kind, n, 0]
-                prev = results.get((kind, n // 2, k))
-                growth = f"{r['seconds'] / prev['seconds']:.2f}" if prev else "-"
-                lines.append(f"| {kind} | {n} | {k} | {r['seconds']:.3f} | {d['seconds']:.3f} | "
-                             f"{d['seconds'] / r['seconds']:.2f}x | "
-                             f"{max(d['peak_mb'], 1) / max(r['peak_mb'], 1):.2f}x | {growth} |")
-    table = "\n".join(lines)
-    print(table)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".md").write_text(
-        f"Forward+backward, {args.tokens} tokens per batch, 8 heads x 64, {args.threads} threads, "
-        f"PyTorch backend vs F.scaled_dot_product_attention; fastest of {args.repeats} alternating "
-        f"rounds. {machine_line()}\n\n{table}\n")
-    plot(results, args)
+                for t in args.threads:
+                    ratios = [ds / bs for ds, bs in zip(d["seconds"][t], r["seconds"][t])]
+                    growth = (f"{median(kind, n, k, t) / median(kind, n // 2, k, t):.2f}"
+                              if (kind, n // 2, k) in results else "-")
+                    lines.append(
+                        f"| {kind} | {n} | {k} | {t} | {median(kind, n, k, t):.3f} | "
+                        f"{median(kind, n, 0, t):.3f} | "
+                        f"{median(kind, n, 0, t) / median(kind, n, k, t):.2f}x "
+                        f"[{min(ratios):.2f}-{max(ratios):.2f}] | "
+                        f"{d['peak_mb']:.0f} / {r['peak_mb']:.0f} | {growth} | "
+                        f"{median(kind, n, k, args.threads[0]) / median(kind, n, k, t):.2f}x |")
+    return "\n".join(lines)
 
 
 def machine_line() -> str:
@@ -200,10 +235,11 @@ def plot(results, args):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, kind in zip(axes, ("op", "layer")):
+    fig, axes = plt.subplots(1, len(args.parts), figsize=(5.5 * len(args.parts), 4), squeeze=False)
+    for ax, kind in zip(axes[0], args.parts):
         for k in [0] + args.ks:
-            ax.plot(args.lengths, [results[kind, n, k]["seconds"] for n in args.lengths], marker="o",
+            ax.plot(args.lengths, [statistics.median(results[kind, n, k]["seconds"][args.threads[-1]])
+                                   for n in args.lengths], marker="o",
                     label="dense (SDPA)" if k == 0 else f"BPT k={k}")
         ax.set(xscale="log", yscale="log", xlabel="sequence length n", ylabel="seconds (fwd+bwd)",
                title=f"{'attention op' if kind == 'op' else 'encoder layer'}, {args.tokens} tokens/batch")

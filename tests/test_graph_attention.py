@@ -170,6 +170,7 @@ def test_tree_path_dropout_gradients():
 
 @pytest.mark.parametrize("size,groups,share,stride,left,width", [
     (37, 5, 1, 8, 3, 13),  # bands overhang both ends
+    (37, 9, 1, 2, 3, 13),  # a coarse level: folded by one indexed add
     (9, 4, 1, 2, 6, 11),  # every band overhangs: no inner run
     (16, 3, 1, 4, 0, 4),  # exact tiling
     (5, 7, 2, 1, 2, 5),  # consecutive groups share a band
@@ -188,3 +189,46 @@ def test_band_fold_is_the_adjoint_of_the_band_windows(size, groups, share, strid
     folded = torch.zeros(2, size + 4, 3, dtype=torch.float64)[:, 2:2 + size]  # a strided target
     _add_unbanded(folded, d_windows, band)
     torch.testing.assert_close(folded, expected)
+
+
+@pytest.fixture
+def one_row_chunks(monkeypatch):
+    """The tree path with chunks of one (sentence x head) row: many chunks per query set and a
+    workspace reused from set to set."""
+    from fairseq_plugins.graph_attention import torch_tree
+    monkeypatch.setattr(torch_tree, "FLOATS_PER_CHUNK", 1)
+
+
+@pytest.mark.parametrize("name", ["bpt-k4", "segtree-causal"])
+def test_recomputing_backward_over_many_chunks_equals_reference(name, one_row_chunks):
+    """The backward recomputes every chunk's probabilities from the saved log-sum-exp: forward
+    and every gradient match the float64 reference, with padding and rows without a key."""
+    assert_matches_reference(tree_block_attention_default, GRAPHS[name](150), [150, 77, 3])
+
+
+def test_tree_path_keeps_no_probabilities():
+    """What the forward saves is the inputs, the output and one log-sum-exp per row: nothing
+    of the size of the scores."""
+    graph = bpt_graph(300, 4)
+    q, k, v, rel = random_inputs(graph)
+    out = tree_block_attention(q, k, v, graph, rel, dropout_p=0.1)
+    saved = [t for t in out.grad_fn.saved_tensors if t is not None]
+    inputs = 4 * q.numel() + rel.numel()  # query, key, value, output
+    assert sum(t.numel() for t in saved) <= inputs + 3 * q.shape[0] * q.shape[1] * graph.num_nodes
+
+
+def test_tree_path_dropout_over_many_chunks(one_row_chunks):
+    """Each chunk draws its dropout mask from the call's seed: the same mask again in the
+    backward (gradcheck), another one in the next call."""
+    graph = bpt_graph(40, 1)
+    q, k, v, rel = random_inputs(graph, bsz=2, heads=2, dim=4)
+    mask = ~node_present(torch.tensor([40, 23]), 40)
+
+    def attend(q, k, v, rel):
+        torch.manual_seed(0)
+        return tree_block_attention(q, k, v, graph, rel, mask, 0.4, None, group_tokens=8)
+
+    assert torch.equal(attend(q, k, v, rel), attend(q, k, v, rel))
+    assert not torch.equal(attend(q, k, v, rel),
+                           tree_block_attention(q, k, v, graph, rel, mask, 0.4, None, group_tokens=8))
+    assert torch.autograd.gradcheck(attend, (q, k, v, rel))

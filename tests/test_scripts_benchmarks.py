@@ -25,10 +25,11 @@ def run_script(name: str, *args, timeout: float = 600) -> subprocess.CompletedPr
 
 def test_benchmark_graph_attention_tiny(tmp_path):
     out = tmp_path / "graph_attention"
-    run_script("benchmark_graph_attention", "--lengths", "64", "--ks", "1", "--tokens", "128",
-               "--repeats", "1", "--threads", "1", "--out", out)  # fmt: skip
+    run_script("benchmark_graph_attention", "--lengths", "64", "128", "--ks", "1", "--tokens", "128",
+               "--repeats", "1", "--threads", "1", "2", "--out", out)  # fmt: skip
     table = out.with_suffix(".md").read_text()
     assert "| op |" in table and "| layer |" in table  # both parts ran, the layer part included
+    assert "| op | 128 | 1 | 2 |" in table  # every length at every thread count
 
 
 def test_benchmark_multiscale_attention_tiny(tmp_path):
@@ -53,3 +54,12 @@ def test_triton_work_model_tiny(tmp_path):
     run_script("triton_work_model", "--lengths", "512", "--ks", "4", "--out", out)
     table = out.with_suffix(".md").read_text()
     assert "| 512 | 4 |" in table and "ESTIMATES" in table and out.with_suffix(".png").stat().st_size
+
+
+@pytest.mark.slow
+def test_benchmark_models_tiny(tmp_path):
+    out = tmp_path / "models"
+    run_script("benchmark_models", "--sizes", "tiny", "--models", "transformer", "bpt", "--updates", "1",
+               "--threads", "1", "--out", out)  # fmt: skip
+    results = json.loads(out.with_suffix(".json").read_text())["runs"]["tiny"]["results"]
+    assert set(results) == {"transformer", "bpt"} and results["transformer"]["time_ratio"] == 1.0
