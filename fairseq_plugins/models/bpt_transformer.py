@@ -25,6 +25,7 @@ from fairseq.models.transformer import (
 from fairseq.models.transformer.transformer_legacy import base_architecture, transformer_iwslt_de_en
 
 from fairseq_plugins.graphs.binary_partition import TreeGraphSpec, causal_step_rows, node_present
+from fairseq_plugins.models.plugin_model import PluginModel
 from fairseq_plugins.modules.bpt.graph_self_attention import DecoderStep
 from fairseq_plugins.modules.bpt.graph_transformer_layers import GraphDecoderLayer, GraphEncoderLayer
 
@@ -182,7 +183,7 @@ def add_graph_args(parser):
 
 
 @register_model("bpt_transformer")
-class BPTTransformerModel(TransformerModel):
+class BPTTransformerModel(PluginModel, TransformerModel):
     """Transformer whose self-attention runs over a binary-partition graph (BPT)."""
 
     graph_kind = "bpt"

@@ -29,6 +29,7 @@ from fairseq.modules.transformer_layer import (
     TransformerEncoderLayerBase,
 )
 
+from fairseq_plugins.models.plugin_model import PluginModel
 from fairseq_plugins.modules.multiscale.multiscale_attention import MultiScaleSelfAttention
 from fairseq_plugins.modules.multiscale.scale_distribution import PAPER_CANDIDATES, layer_scales
 
@@ -149,7 +150,7 @@ class MultiScaleTransformerDecoder(TransformerDecoder):
 
 
 @register_model("ms_transformer")
-class MultiScaleTransformerModel(TransformerModel):
+class MultiScaleTransformerModel(PluginModel, TransformerModel):
     """Transformer with multi-scale multi-head self-attention (one window per head)."""
 
     @classmethod
