@@ -359,28 +359,36 @@ FIXES = (
         ),
     ),
     Fix(
-        name="cpu_half_precision",
+        name="half_precision_flags",
         why=(
-            "On CPU, --fp16 dies deep in torch's CUDA code and --bf16 in the XLA path; --amp and "
-            "--memory-efficient-fp16/bf16 silently do nothing. Refuse the first two and warn "
-            "about the others when the trainer picks the CPU, before any training step."
+            "In fairseq 0.12.2 --bf16 (and --memory-efficient-bf16) imply --tpu: without torch_xla "
+            "they die in the XLA path ('NoneType' object has no attribute 'xla_device'), on CPU "
+            "and GPU alike. On CPU, --fp16 dies deep in torch's CUDA code, while "
+            "--memory-efficient-fp16 trains slowly in float16 and --amp does nothing. Say so "
+            "when the trainer picks its device, before any training step: errors for the first "
+            "two, warnings for the others."
         ),
         edits=(
             TextEdit(
                 "fairseq/trainer.py",
-                '            self.device = torch.device("cpu")\n\n',
-                '            self.device = torch.device("cpu")\n'
-                "            # fairseq_plugins: half precision needs a GPU; say so before training\n"
-                "            if cfg.common.fp16 or cfg.common.bf16:\n"
-                "                raise ValueError(\n"
-                '                    "--fp16 and --bf16 need a CUDA GPU (--bf16 also runs on TPU); "\n'
-                '                    "on CPU, train in float32: drop the flag"\n'
-                "                )\n"
-                "            if cfg.common.amp or cfg.common.memory_efficient_fp16 or cfg.common.memory_efficient_bf16:\n"
-                "                logger.warning(\n"
-                '                    "--amp/--memory-efficient-fp16/--memory-efficient-bf16 do nothing on "\n'
-                '                    "CPU: training runs in float32"\n'
-                "                )\n\n",
+                "        self.cuda = torch.cuda.is_available() and not cfg.common.cpu and not self.tpu\n"
+                "        if self.cuda:\n",
+                "        self.cuda = torch.cuda.is_available() and not cfg.common.cpu and not self.tpu\n"
+                "        # fairseq_plugins: what half precision cannot do here, said before training\n"
+                "        if self.tpu and utils.xm is None:\n"
+                "            raise ValueError(\n"
+                '                "--tpu, which --bf16 and --memory-efficient-bf16 imply in fairseq 0.12.2, needs "\n'
+                '                "torch_xla (TPUs); drop the flag to train in float32 (or --fp16 on a GPU)"\n'
+                "            )\n"
+                "        if not self.cuda and not self.tpu:\n"
+                "            if cfg.common.fp16 and not cfg.common.memory_efficient_fp16:\n"
+                '                raise ValueError("--fp16 needs a CUDA GPU; on CPU, train in float32: drop the flag")\n'
+                "            if cfg.common.memory_efficient_fp16:\n"
+                '                logger.warning("--memory-efficient-fp16 on CPU trains in float16, which is slow "\n'
+                '                               "there; float32 (no flag) is the faster choice")\n'
+                "            if cfg.common.amp:\n"
+                '                logger.warning("--amp does nothing on CPU: training runs in float32")\n'
+                "        if self.cuda:\n",
             ),
         ),
     ),

@@ -80,15 +80,33 @@ def _trainer(data_bin, *flags):
     return Trainer(cfg, task, task.build_model(cfg.model), task.build_criterion(cfg.criterion))
 
 
-@pytest.mark.parametrize("flag", ["--fp16", "--bf16"])
-def test_half_precision_on_cpu_is_refused_before_training(tiny_data_bin, flag):
-    with pytest.raises(ValueError, match="--fp16 and --bf16 need a CUDA GPU.*on CPU, train in float32"):
+def test_fp16_on_cpu_is_refused_before_training(tiny_data_bin):
+    with pytest.raises(ValueError, match="--fp16 needs a CUDA GPU; on CPU, train in float32"):
+        _trainer(tiny_data_bin, "--fp16")
+
+
+@pytest.mark.parametrize("flag", ["--bf16", "--memory-efficient-bf16"])
+def test_bf16_without_torch_xla_is_refused_before_training(tiny_data_bin, flag):
+    """fairseq 0.12.2 trains bfloat16 on TPUs only: --bf16 implies --tpu."""
+    with pytest.raises(ValueError, match="--tpu, which --bf16 .* imply in fairseq 0.12.2, needs torch_xla"):
         _trainer(tiny_data_bin, flag)
 
 
-@pytest.mark.parametrize("flag", ["--amp", "--memory-efficient-fp16"])
-def test_mixed_precision_flags_on_cpu_warn(tiny_data_bin, flag, caplog):
-    trainer = _trainer(tiny_data_bin, flag)
-    assert "do nothing on CPU" in caplog.text
-    assert next(trainer.model.parameters()).dtype == torch.float32
+@pytest.mark.parametrize("flag, warning", [("--amp", "--amp does nothing on CPU"),
+                                           ("--memory-efficient-fp16", "trains in float16, which is slow")])
+def test_mixed_precision_flags_on_cpu_warn(tiny_data_bin, flag, warning, caplog):
+    _trainer(tiny_data_bin, flag)
+    assert warning in caplog.text
 
+
+@pytest.mark.slow
+def test_tensorboard_logdir_writes_the_training_curves(tiny_data_bin, tmp_path):
+    """--tensorboard-logdir, through the project's `tensorboard` extra."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    train(tiny_data_bin, tmp_path / "ckpt", "ms_transformer", ["--tensorboard-logdir", tmp_path / "tb", "--no-save"],
+          max_update=2)  # fmt: skip
+    for split in ("train", "valid"):
+        events = EventAccumulator(str(tmp_path / "tb" / split))
+        events.Reload()
+        assert "loss" in events.Tags()["scalars"], (split, events.Tags())
