@@ -359,6 +359,35 @@ FIXES = (
         ),
     ),
     Fix(
+        name="ddp_unused_fast_path_weights",
+        why=(
+            "Every encoder layer keeps copies of its weights for the BetterTransformer path "
+            "(in_proj_weight, fc1_weight, ...), which never get a gradient; DistributedDataParallel "
+            "(--ddp-backend c10d, the default) stops in the second update ('Expected to have "
+            "finished reduction in the prior iteration'), for the stock transformer too. Tell DDP "
+            "to ignore exactly those copies; checkpoints and optimizer states keep their layout."
+        ),
+        edits=(
+            TextEdit(
+                "fairseq/models/distributed_fairseq_model.py",
+                '    elif args.ddp_backend in {"c10d", "pytorch_ddp"}:\n'
+                "        wrapped_model = DistributedDataParallel(\n",
+                '    elif args.ddp_backend in {"c10d", "pytorch_ddp"}:\n'
+                "        # fairseq_plugins: the encoder layers' weight copies for the (disabled)\n"
+                "        # BetterTransformer path never get a gradient; DDP must not wait for them\n"
+                "        from fairseq.modules.transformer_layer import TransformerEncoderLayerBase\n"
+                "\n"
+                "        copies = (\"in_proj_weight\", \"in_proj_bias\", \"out_proj_weight\", \"out_proj_bias\",\n"
+                "                  \"fc1_weight\", \"fc1_bias\", \"fc2_weight\", \"fc2_bias\")\n"
+                "        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, [\n"
+                "            f\"{name}.{copy}\" for name, layer in model.named_modules()\n"
+                "            if isinstance(layer, TransformerEncoderLayerBase) for copy in copies\n"
+                "        ])\n"
+                "        wrapped_model = DistributedDataParallel(\n",
+            ),
+        ),
+    ),
+    Fix(
         name="half_precision_flags",
         why=(
             "In fairseq 0.12.2 --bf16 (and --memory-efficient-bf16) imply --tpu: without torch_xla "

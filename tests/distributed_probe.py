@@ -33,7 +33,7 @@ if __name__ == "__main__":
         {
             "world_size": dist.get_world_size(),
             "num_updates": trainer.get_num_updates(),
-            "params": {k: v.detach().clone() for k, v in trainer.get_model().state_dict().items()},
+            "params": {k: v.detach().clone() for k, v in trainer.get_model().named_parameters()},
         },
         f"{out_dir}/rank{dist.get_rank()}.pt",
     )

@@ -2,7 +2,7 @@
 
 import argparse
 import os
-import shutil
+import sys
 import subprocess
 
 import pytest
@@ -21,13 +21,11 @@ DISTRIBUTED_CPU = ["--ddp-backend", "c10d", "--distributed-backend", "gloo"]
 
 @pytest.mark.slow
 def test_two_cpu_processes_under_torchrun_train_in_lockstep(tiny_data_bin, tmp_path):
-    """torchrun + fairseq-train (c10d, gloo): both ranks see world size 2 and end with the same
+    """torchrun (`python -m torch.distributed.run`, this environment's) + fairseq-train (c10d, gloo): both ranks see world size 2 and end with the same
     parameters, which only the gradient all-reduce explains (each rank reads its own shard)."""
-    torchrun = shutil.which("torchrun")
-    assert torchrun, "torchrun (installed with torch) is not on PATH"
     args = train_args(tiny_data_bin, tmp_path / "ckpt", "bpt_transformer", DISTRIBUTED_CPU, max_update=3)
     proc = subprocess.run(
-        [torchrun, "--standalone", "--nproc-per-node", "2", "tests/distributed_probe.py", tmp_path, *args],
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "tests/distributed_probe.py", *map(str, [tmp_path, *args])],
         cwd=REPO, capture_output=True, text=True, timeout=300,
         env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"),
     )  # fmt: skip

@@ -32,11 +32,11 @@ def bpe_codes(tmp_path_factory):
     return codes
 
 
-def _hub(arch, bpe_codes, **kwargs):
+def _hub(arch, bpe_codes):
     folder = FIXTURES / arch
     return ARCH_MODEL_REGISTRY[arch].from_pretrained(
         str(folder), checkpoint_file="checkpoint.pt", data_name_or_path=str(folder), user_dir=str(USER_DIR),
-        tokenizer="moses", moses_no_escape=True, bpe="subword_nmt", bpe_codes=str(bpe_codes), beam=2, **kwargs,
+        tokenizer="moses", moses_no_escape=True, bpe="subword_nmt", bpe_codes=str(bpe_codes),
     )  # fmt: skip
 
 
@@ -62,7 +62,7 @@ def test_interactive_with_the_readme_flags_matches_the_hub(bpe_codes):
         "--bpe-codes", bpe_codes, "--beam", "2", "--cpu", input=SENTENCE + "\n",
     ).stdout  # fmt: skip
     detok = [line.split("\t")[2] for line in out.splitlines() if line.startswith("D-")]
-    assert detok == [_hub(arch, bpe_codes).translate(SENTENCE)], out[-2000:]
+    assert detok == [_hub(arch, bpe_codes).translate(SENTENCE, beam=2)], out[-2000:]
     assert hypotheses(out)
 
 
