@@ -115,7 +115,9 @@ def installed_fairseq_version() -> str:
     try:
         return importlib.metadata.version("fairseq")
     except importlib.metadata.PackageNotFoundError as e:
-        raise FairseqFixError("fairseq is not installed; run scripts/setup.sh (it installs the fixed fairseq 0.12.2)") from e
+        raise FairseqFixError(
+            "fairseq is not installed; run scripts/setup.sh (it installs the fixed fairseq 0.12.2)"
+        ) from e
 
 
 def _dataclass_default_edits(path: str, fields: List[Tuple[str, str]]) -> Tuple[TextEdit, ...]:

@@ -6,9 +6,9 @@
 The wheel's version carries the fixes' label (``0.12.2+plugins.<hash>``, see
 ``fairseq_plugins/fairseq_fixes.py``) and its metadata declares the dependencies that work,
 so pip installs, checks and uninstalls it like any package. The cache
-(``$FAIRSEQ_PLUGINS_CACHE/fairseq-build``, by default ``~/.cache/fairseq_plugins/fairseq-build``) keeps the sdist and one
-wheel per set of fixes and Python version: a machine builds fairseq once (about 2 minutes on
-2 cores), whatever the number of checkouts and environments.
+(``$FAIRSEQ_PLUGINS_CACHE/fairseq-build``, by default ``~/.cache/fairseq_plugins/fairseq-build``)
+keeps the sdist and one wheel per set of fixes and Python version: a machine builds fairseq
+once (about 2 minutes on 2 quiet cores), whatever the number of checkouts and environments.
 """
 
 import argparse

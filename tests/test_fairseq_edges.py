@@ -21,11 +21,13 @@ DISTRIBUTED_CPU = ["--ddp-backend", "c10d", "--distributed-backend", "gloo"]
 
 @pytest.mark.slow
 def test_two_cpu_processes_under_torchrun_train_in_lockstep(tiny_data_bin, tmp_path):
-    """torchrun (`python -m torch.distributed.run`, this environment's) + fairseq-train (c10d, gloo): both ranks see world size 2 and end with the same
-    parameters, which only the gradient all-reduce explains (each rank reads its own shard)."""
+    """torchrun (this environment's, `python -m torch.distributed.run`) + fairseq-train (c10d,
+    gloo): both ranks see world size 2 and end with the same parameters, which only the
+    gradient all-reduce explains (each rank reads its own shard)."""
     args = train_args(tiny_data_bin, tmp_path / "ckpt", "bpt_transformer", DISTRIBUTED_CPU, max_update=3)
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "tests/distributed_probe.py", *map(str, [tmp_path, *args])],
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "tests/distributed_probe.py", *map(str, [tmp_path, *args])],
         cwd=REPO, capture_output=True, text=True, timeout=300,
         env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"),
     )  # fmt: skip

@@ -58,8 +58,8 @@ def test_interactive_with_the_readme_flags_matches_the_hub(bpe_codes):
     folder = FIXTURES / arch
     out = run_cli(
         "fairseq-interactive", folder, "--user-dir", USER_DIR, "--path", folder / "checkpoint.pt",
-        "--source-lang", "en", "--target-lang", "de", "--tokenizer", "moses", "--moses-no-escape", "--bpe", "subword_nmt",
-        "--bpe-codes", bpe_codes, "--beam", "2", "--cpu", input=SENTENCE + "\n",
+        "--source-lang", "en", "--target-lang", "de", "--tokenizer", "moses", "--moses-no-escape",
+        "--bpe", "subword_nmt", "--bpe-codes", bpe_codes, "--beam", "2", "--cpu", input=SENTENCE + "\n",
     ).stdout  # fmt: skip
     detok = [line.split("\t")[2] for line in out.splitlines() if line.startswith("D-")]
     assert detok == [_hub(arch, bpe_codes).translate(SENTENCE, beam=2)], out[-2000:]
@@ -73,7 +73,8 @@ def test_plugin_models_list_no_downloads(arch):
 
 
 def _load(checkpoint: Path, data: Path):
-    models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)], arg_overrides={"data": str(data)})
+    models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task(
+        [str(checkpoint)], arg_overrides={"data": str(data)})
     return models[0], task
 
 
