@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""GPU benchmark of a BPT encoder: fused CUDA kernels vs FlexAttention vs dense attention.
+"""GPU benchmark of a BPT encoder: fused CUDA and Triton kernels vs FlexAttention vs dense attention.
 
 The BPT paper's speed/memory setting (Sec. 4.4, Figures 6-7): 6 layers, d 512, FFN 2048,
 8 heads, 8192 tokens per batch, lengths n from 512 to 16384, k in {1, 4, 16, 64}. One run
@@ -9,9 +9,11 @@ measures forward+backward time and peak memory of
           (FlashAttention on recent GPUs); independent of k;
 * flex:   graph attention over the BPT graph (~2n nodes) with the "flex" backend (compiled);
 * cuda:   the same with the fused kernels of cuda_ext/ ("cuda" backend);
+* triton: the same with the Triton band kernels ("triton" backend; fp16/bf16);
 
-and writes benchmarks/cuda_graph_attention.{json,md,png}: the table with ratios against dense
-and flex measured in the same run, the GPU model and versions. Needs a CUDA GPU; no fairseq.
+and writes benchmarks/cuda_graph_attention.{json,md,png}: the table with each graph backend's
+ratio against dense measured in the same run, the GPU model and versions. Needs a CUDA GPU;
+no fairseq.
 """
 
 import argparse
@@ -107,17 +109,20 @@ def environment():
 
 
 def write_table(results, env, args, path):
+    graph_backends = [b for b in args.backends if b != "dense"]
     lines = [
-        "# BPT encoder: fused CUDA graph attention vs FlexAttention vs dense SDPA",
+        "# BPT encoder: graph attention backends vs dense SDPA",
         "",
         f"{env['gpu']} ({env['gpu_memory_gib']} GiB), torch {env['torch']}, CUDA {env['cuda']}, "
         f"Python {env['python']}, {env['date']}. {args.layers} layers, d {args.dim}, "
         f"FFN {args.ffn_dim}, {args.heads} heads, {args.tokens} tokens per batch, {args.dtype}, "
         f"forward+backward, mean of {args.iters} steps after {args.warmup} warm-up.",
         "",
-        "| n | k | batch | dense ms | flex ms | cuda ms | cuda vs dense | cuda vs flex "
-        "| dense GiB | flex GiB | cuda GiB | cuda KiB per token per log2 n |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| n | k | batch | dense ms | " + " | ".join(f"{b} ms | {b} vs dense" for b in graph_backends)
+        + " | dense GiB | " + " | ".join(f"{b} GiB | {b} KiB per token per log2 n"
+                                        for b in graph_backends) + " |",
+        "|---|---|---|---|" + "---|---|" * len(graph_backends) + "---|"
+        + "---|---|" * len(graph_backends),
     ]
 
     def ms(r):
@@ -130,14 +135,17 @@ def write_table(results, env, args, path):
         return "-" if a is None or b is None else f"{a[0] / b[0]:.2f}x"
 
     for row in results:
-        dense, flex, cuda = row["dense"], row["flex"], row["cuda"]
-        # O(n log n) memory per sequence <=> constant bytes per token per log2 n
+        dense = row.get("dense")
         tokens = row["batch"] * row["n"]
-        per_nlogn = ("-" if cuda is None else
-                     f"{cuda[1] * 2**20 / (tokens * math.log2(row['n'])):.2f}")
-        lines.append(f"| {row['n']} | {row['k']} | {row['batch']} | {ms(dense)} | {ms(flex)} | "
-                     f"{ms(cuda)} | {ratio(dense, cuda)} | {ratio(flex, cuda)} | {gib(dense)} | "
-                     f"{gib(flex)} | {gib(cuda)} | {per_nlogn} |")
+
+        def per_nlogn(r):  # O(n log n) memory per sequence <=> constant bytes per token per log2 n
+            return "-" if r is None else f"{r[1] * 2**20 / (tokens * math.log2(row['n'])):.2f}"
+
+        lines.append(f"| {row['n']} | {row['k']} | {row['batch']} | {ms(dense)} | "
+                     + " | ".join(f"{ms(row[b])} | {ratio(dense, row[b])}" for b in graph_backends)
+                     + f" | {gib(dense)} | "
+                     + " | ".join(f"{gib(row[b])} | {per_nlogn(row[b])}" for b in graph_backends)
+                     + " |")
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -154,7 +162,7 @@ def write_plot(results, env, path):
         xs = [n for n in lengths if dense[n] is not None]
         axis.plot(xs, [dense[n][index] for n in xs], "k-o", label="dense (SDPA)")
         for k in sorted({r["k"] for r in results}):
-            for backend, style in (("cuda", "-s"), ("flex", "--^")):
+            for backend, style in (("cuda", "-s"), ("triton", "-D"), ("flex", "--^")):
                 rows = [r for r in results if r["k"] == k and r[backend] is not None]
                 axis.plot([r["n"] for r in rows], [r[backend][index] for r in rows], style,
                           label=f"{backend} k={k}")
@@ -170,8 +178,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 4, 16, 64])
-    parser.add_argument("--backends", nargs="+", default=["dense", "flex", "cuda"],
-                        choices=["dense", "flex", "cuda"])
+    parser.add_argument("--backends", nargs="+", default=["dense", "flex", "cuda", "triton"],
+                        choices=["dense", "flex", "cuda", "triton"])
     parser.add_argument("--tokens", type=int, default=8192, help="tokens per batch")
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--dim", type=int, default=512)
@@ -216,7 +224,7 @@ def main(argv=None):
                 print(f"  {backend:6s} " + ("OOM" if row[backend] is None else
                       f"{row[backend][0] * 1000:9.1f} ms  {row[backend][1]:7.2f} GiB"), flush=True)
             dense_result = row.get("dense")
-            for backend in ("dense", "flex", "cuda"):
+            for backend in ("dense", "flex", "cuda", "triton"):
                 row.setdefault(backend, None)
             results.append(row)
             del model, tokens

@@ -90,10 +90,11 @@ def load_config(path) -> Dict[str, Any]:
 
 
 def all_configs() -> List[Dict[str, Any]]:
-    """Every table-row config: all of configs/ but tables.yaml, the demo's configs (demo*.yaml)
-    and the fairseq-hydra-train configs (configs/hydra/)."""
+    """Every table-row config: all of configs/ but tables.yaml, the demo's configs (demo*.yaml),
+    the quality study's (quality_study.yaml) and the fairseq-hydra-train configs (configs/hydra/)."""
     return [load_config(p) for p in sorted(CONFIG_DIR.rglob("*.yaml"))
-            if p.name != "tables.yaml" and not p.name.startswith("demo") and p.parent.name != "hydra"]
+            if p.name not in ("tables.yaml", "quality_study.yaml") and not p.name.startswith("demo")
+            and p.parent.name != "hydra"]
 
 
 def to_flags(options: Optional[Dict[str, Any]]) -> List[str]:

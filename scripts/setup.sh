@@ -5,7 +5,7 @@
 #
 # - torch: an installed torch (e.g. a CUDA build) is kept as it is; only when none is
 #   importable is torch==$TORCH_VERSION installed (2.13.0 by default, from PyPI).
-# - the dependencies of pyproject.toml and of its extras $EXTRAS ("test tensorboard").
+# - the dependencies of pyproject.toml and of its extras $EXTRAS ("test tensorboard triton").
 # - fairseq 0.12.2 built from its sdist with the fixes of fairseq_plugins/fairseq_fixes.py
 #   (scripts/build_fairseq_wheel.py; built once per machine, then cached), installed by pip.
 # - this plugin (editable), and the CUDA kernels when nvcc and a CUDA build of torch are present.
@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
-EXTRAS=${EXTRAS:-test tensorboard}
+EXTRAS=${EXTRAS:-test tensorboard triton}
 pip_install() { "$PYTHON" -m pip install --disable-pip-version-check --root-user-action=ignore -q "$@"; }
 say() { echo "[setup] $*"; }
 require_writable() {  # called before each install: a shared or read-only environment is left alone

@@ -1,6 +1,14 @@
 """Shared fixtures: one tiny binarized En-De corpus per test session."""
 
+import os
+
 import pytest
+import torch
+
+# Without a GPU, Triton kernels run on the CPU through its interpreter (read when the kernels
+# are defined, so before any test imports them): tests/test_triton_backend.py
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # In-process tests call fairseq's parsers with --user-dir, which fairseq skips once any
 # fairseq_plugins module is imported (as most tests do): register everything up front.

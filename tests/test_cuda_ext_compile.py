@@ -18,7 +18,8 @@ from torch.utils import cpp_extension
 from fairseq_plugins.graph_attention import cuda_backend
 
 ARCHS = ("80", "90")
-KERNELS = ("forward_kernel", "backward_query_kernel", "backward_key_kernel")
+KERNELS = ("forward_kernel", "forward_merge_kernel", "backward_query_kernel",
+           "backward_key_kernel", "backward_merge_kernel")
 DTYPES = ("f", "N3c104HalfE", "N3c108BFloat16E")  # mangled float / c10::Half / c10::BFloat16
 
 

@@ -20,6 +20,7 @@ LAYERS = [
     "modules",  # one subpackage per model family, over ``modules.common``
     "models",  # fairseq registration
     "tasks",  # fairseq tasks
+    "check_gpu",  # a command (python -m fairseq_plugins.check_gpu): runs the GPU checks
 ]
 SHARED_FAMILY = "common"
 

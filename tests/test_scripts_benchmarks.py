@@ -45,3 +45,11 @@ def test_benchmark_slowfast_tiny(tmp_path):
     results = json.loads(out.read_text())["results"]
     assert set(results) == {"transformer", "slow-only", "transformer_slowfast"}
     assert results["transformer"]["time_ratio"] == 1.0
+
+
+def test_triton_work_model_tiny(tmp_path):
+    pytest.importorskip("triton")
+    out = tmp_path / "work_model"
+    run_script("triton_work_model", "--lengths", "512", "--ks", "4", "--out", out)
+    table = out.with_suffix(".md").read_text()
+    assert "| 512 | 4 |" in table and "ESTIMATES" in table and out.with_suffix(".png").stat().st_size

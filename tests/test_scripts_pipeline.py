@@ -1,7 +1,13 @@
 """Train -> average -> generate -> detokenize -> sacrebleu -> table, and the demo, on tiny
 Multi30K subsets with the real fairseq console scripts (seconds per model on a CPU)."""
 
+import contextlib
+import io
 import json
+import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -98,20 +104,72 @@ def test_generate_output_ids_must_cover_the_references(multi30k_bin, tmp_path):
         evaluate.score(partial, multi30k_bin, "test", tmp_path)
 
 
-def test_demo_reduced_mode_writes_table_and_plot(tmp_path):
+DEMO_TINY = ["--updates", "6", "--archs", "transformer", "--train-sentences", "300", "--test-sentences", "20",
+             "--raw-dir", str(MULTI30K), "--threads", "1", "--log-interval", "1", "--progress-interval", "0"]
+
+
+def _run_demo(out: Path):
+    """The demo in its reduced mode; returns its rows and what it wrote to stderr (not a TTY)."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rows = demo.main(DEMO_TINY + ["--out", str(out)])
+    return rows, err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
     # a previous demo's run folder: a re-run starts fresh (fairseq would try to resume from it)
-    stale = tmp_path / "runs" / demo.run_name({"name": "Transformer"}) / "checkpoint_last.pt"
+    stale = out / "runs" / demo.run_name({"name": "Transformer"}) / "checkpoint_last.pt"
     stale.parent.mkdir(parents=True)
     stale.write_bytes(b"a checkpoint of an earlier run")
-    rows = demo.main(["--minutes", "0.3", "--archs", "transformer", "--train-sentences", "300",
-                      "--test-sentences", "20", "--out", str(tmp_path), "--raw-dir", str(MULTI30K),
-                      "--log-interval", "2"])
+    return out, *_run_demo(out)
+
+
+def _losses(run_dir: Path):
+    return re.findall(r"train_inner \|.* loss=([\d.]+)", (run_dir / "train.log").read_text())
+
+
+@pytest.mark.slow
+def test_demo_reduced_mode_writes_table_and_plot(demo_run):
+    out, rows, progress = demo_run
     assert [r["arch"] for r in rows] == ["transformer"]
-    assert rows[0]["params"] > 0 and rows[0]["updates"] >= 1 and rows[0]["words_per_second"] > 0
-    table = (tmp_path / "demo.md").read_text()
-    assert "| Transformer | `transformer` |" in table and "sacrebleu signature" in table
-    assert (tmp_path / "demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert json.loads((tmp_path / "demo.json").read_text())[0]["sacrebleu"] == rows[0]["sacrebleu"]
+    assert rows[0]["params"] > 0 and rows[0]["updates"] == 6 and rows[0]["words_per_second"] > 0
+    assert rows[0]["seconds_per_update"] > 0 and rows[0]["relative_time"] == 1.0  # it is the baseline
+    table = (out / "demo.md").read_text()
+    assert "6 updates per model (seed 1)" in table and "sacrebleu signature" in table
+    assert "| Transformer | `transformer` |" in table and table.rstrip().splitlines()[-3].endswith("| 1.00x |")
+    assert (out / "demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    saved = json.loads((out / "demo.json").read_text())
+    assert saved["rows"][0]["sacrebleu"] == rows[0]["sacrebleu"] and saved["run"]["threads"] == 1
+    assert len(_losses(out / "runs" / "transformer")) == 6  # trained from scratch, not resumed
+
+
+@pytest.mark.slow
+def test_demo_progress_is_line_based_when_not_a_tty(demo_run):
+    _, _, progress = demo_run
+    assert "\r" not in progress
+    lines = [line for line in progress.splitlines() if line.startswith("[demo] ")]
+    assert "[demo] 1/1 Transformer: training 6/6 updates" in progress
+    assert any(": translating 6/6 updates" in line for line in lines)
+    assert lines[-1].startswith("[demo] 1/1 Transformer: done 6/6 updates; ETA 0:00")
+
+
+@pytest.mark.slow
+def test_demo_fixed_updates_give_the_same_result_on_a_busy_machine(demo_run, tmp_path):
+    out, rows, _ = demo_run
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # competes for the CPU
+    try:
+        shutil.copytree(out / "data-bin", tmp_path / "data-bin")  # the same data, prepared once
+        again, _ = _run_demo(tmp_path)
+    finally:
+        busy.kill()
+        busy.wait()
+    assert again[0]["updates"] == rows[0]["updates"] == 6
+    assert again[0]["sacrebleu"] == rows[0]["sacrebleu"] and again[0]["tokenized"] == rows[0]["tokenized"]
+    assert _losses(tmp_path / "runs" / "transformer") == _losses(out / "runs" / "transformer")
+    hyps = "test.hyp.detok.de"
+    assert (tmp_path / "runs" / "transformer" / hyps).read_text() == (out / "runs" / "transformer" / hyps).read_text()
 
 
 def test_parse_train_log_requires_params_and_progress():

@@ -1,5 +1,5 @@
-// Kernel launchers shared by the binding (graph_attention.cpp) and the kernels
-// (graph_attention_kernels.cu). Inputs are validated by the binding, not here.
+// Declarations shared by the kernels (graph_attention_kernels.cuh) and the bindings
+// (graph_attention_ops.h). Inputs are validated by the binding, not here.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -8,10 +8,20 @@
 
 namespace graph_attention_cuda {
 
+// The warps' work over one CSR (rows by query, or by key for dK/dV), built once per graph:
+// pieces int32 [P, 5] (row, begin, end, slot or -1, row has several edge types), longest
+// first; merges int32 [S, 4] (row, first slot, slot count, several types) for the rows
+// split into several pieces; num_slots workspace slots in all.
+struct WorkSchedule {
+  at::Tensor pieces;
+  at::Tensor merges;
+  int64_t num_slots;
+};
+
 // out [B, H, N, D] and lse [B, H, N] (float32) are written.
 void launch_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                    const c10::optional<at::Tensor>& rel_key, const at::Tensor& indptr,
-                    const at::Tensor& indices, const at::Tensor& edge_type,
+                    const c10::optional<at::Tensor>& rel_key, const at::Tensor& indices,
+                    const at::Tensor& edge_type, const WorkSchedule& by_query,
                     const c10::optional<at::Tensor>& key_padding_mask, double scale,
                     double dropout_p, uint64_t seed, uint64_t offset, at::Tensor& out,
                     at::Tensor& lse);
@@ -20,10 +30,10 @@ void launch_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
 // zero-filled) receives the per-row, per-edge-type sums of dS when given.
 void launch_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
                      const at::Tensor& v, const c10::optional<at::Tensor>& rel_key,
-                     const at::Tensor& lse, const at::Tensor& delta, const at::Tensor& indptr,
-                     const at::Tensor& indices, const at::Tensor& edge_type,
-                     const at::Tensor& t_indptr, const at::Tensor& t_query,
-                     const at::Tensor& t_edge,
+                     const at::Tensor& lse, const at::Tensor& delta, const at::Tensor& indices,
+                     const at::Tensor& edge_type, const WorkSchedule& by_query,
+                     const at::Tensor& t_query, const at::Tensor& t_edge,
+                     const WorkSchedule& by_key,
                      const c10::optional<at::Tensor>& key_padding_mask, double scale,
                      double dropout_p, uint64_t seed, uint64_t offset, at::Tensor& grad_q,
                      at::Tensor& grad_k, at::Tensor& grad_v,

@@ -5,11 +5,19 @@ The extension is built with ``torch.utils.cpp_extension.load`` into a per-user c
 ``scripts/build_cuda_ext.py`` during set-up or on first use; later processes reuse the build.
 Importing this module needs neither nvcc nor a GPU: it only registers the backend, whose
 ``is_available`` says no (and warns once, with the reason) when the kernels cannot run.
+
+The kernels' work list (``KernelPlan``) is built here once per graph and device: rows longer
+than ``SPLIT_EDGES`` edges, or whose edge types span several windows of ``TYPE_WINDOW``, are
+cut into pieces merged afterwards; pieces are sorted longest first, a row's edges are ordered
+by type, and the graph's index contents are validated.
+``fused_graph_attention`` runs any build of the kernels with the same Python glue: the CUDA
+one here, the CPU host emulation in the tests (``tests/cuda_ext_emulation.py``).
 """
 
 import logging
 import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -27,7 +35,14 @@ NVCC_FLAGS = ("-O3", "--expt-relaxed-constexpr")
 CXX_FLAGS = ("-O3",)
 HEAD_DIMS = (32, 64, 128)
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-MAX_BATCH_HEADS = 65535  # grid.y of the kernels
+# Rows with more edges are split across warps. BPT at n = 8192, k = 4 has 49 edges per row
+# on average and a root row of 8192: 256 keeps ordinary rows whole and cuts the long ones
+# into warp-sized work.
+SPLIT_EDGES = 256
+# The dQ kernel sums dS per edge type in registers over a window of this many types
+# (kTypeWindow in the kernels): a row whose types span several windows is split there.
+TYPE_WINDOW = 128
+INT32_MAX = 2**31 - 1
 
 _lock = threading.Lock()
 _extension = None
@@ -48,9 +63,9 @@ def load_extension(verbose: bool = False):
         if _extension is None:
             missing = [str(s) for s in SOURCES if not s.is_file()]
             if missing:
-                raise RuntimeError(f"cuda backend: sources not found: {missing}")
+                raise RuntimeError(f"graph_attention_cuda: sources not found: {missing}")
             if torch.version.cuda is None:
-                raise RuntimeError("cuda backend: this torch build has no CUDA support")
+                raise RuntimeError("graph_attention_cuda: this torch build has no CUDA support")
             directory = build_directory()
             directory.mkdir(parents=True, exist_ok=True)
             _extension = cpp_extension.load(
@@ -80,29 +95,142 @@ def extension_available() -> bool:
     return _load_error is None
 
 
+def supports(query: torch.Tensor) -> bool:
+    """Whether the kernels handle this dtype and shape (on any device)."""
+    return query.dtype in DTYPES and query.dim() == 4 and query.size(-1) in HEAD_DIMS
+
+
 def is_available(query: torch.Tensor) -> bool:
-    """Whether the kernels support these inputs (CUDA, dtype, head dim, batch * heads)."""
-    return (
-        query.is_cuda
-        and query.dtype in DTYPES
-        and query.dim() == 4
-        and query.size(-1) in HEAD_DIMS
-        and query.size(0) * query.size(1) <= MAX_BATCH_HEADS
-        and extension_available()
-    )
+    """Whether the kernels can run on these inputs (CUDA, dtype, head dim, built)."""
+    return query.is_cuda and supports(query) and extension_available()
 
 
-def _graph_tensors(graph: AttentionGraph, device: torch.device):
-    """int32 CSR by query and by key (query node, edge id) on ``device``, cached on the graph."""
-    if graph.num_edges >= 2**31:
-        raise ValueError(f"cuda backend: {graph.num_edges} edges exceed int32 indices")
-    indptr, indices, edge_type = graph.on(device, torch.int32)
-    key = ("cuda_transposed", str(device))
+# ------------------------------------------------------------------------ the work plan
+
+@dataclass(frozen=True)
+class WorkSchedule:
+    """The warps' work over one CSR (see cuda_ext/csrc/graph_attention.h)."""
+
+    pieces: torch.Tensor  # int32 [P, 5]: row, begin, end, slot (-1: whole row), multi-type
+    merges: torch.Tensor  # int32 [S, 4]: row, first slot, slot count, multi-type
+    num_slots: int
+
+    def to(self, device) -> "WorkSchedule":
+        return WorkSchedule(self.pieces.to(device), self.merges.to(device), self.num_slots)
+
+    def args(self):
+        return self.pieces, self.merges, self.num_slots
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """A graph as the kernels read it: CSR by query with each row's edges ordered by type,
+    the transposed CSR, and the work schedules of both."""
+
+    indices: torch.Tensor  # int32 [E], key of each edge, in kernel order
+    edge_type: torch.Tensor  # int32 [E]
+    edge_order: torch.Tensor  # int64 [E], the graph's edge id at each kernel position
+    by_query: WorkSchedule
+    t_query: torch.Tensor  # int32 [E], query node of each edge, CSR by key
+    t_edge: torch.Tensor  # int32 [E], kernel position of that edge
+    by_key: WorkSchedule
+
+    def to(self, device) -> "KernelPlan":
+        return KernelPlan(self.indices.to(device), self.edge_type.to(device), self.edge_order,
+                          self.by_query.to(device), self.t_query.to(device),
+                          self.t_edge.to(device), self.by_key.to(device))
+
+
+def validate_graph(graph: AttentionGraph) -> None:
+    """The index contents the kernels rely on: indptr from 0 to E and monotone, keys and
+    types in range, sizes within int32. Raises ValueError."""
+    indptr, n, e = graph.indptr, graph.num_nodes, graph.num_edges
+    if max(n, e, graph.num_edge_types) > INT32_MAX:
+        raise ValueError(f"graph_attention_cuda: {n} nodes / {e} edges exceed int32 indices")
+    if indptr.shape != (n + 1,) or int(indptr[0]) != 0 or int(indptr[-1]) != e:
+        raise ValueError(f"graph_attention_cuda: indptr must have {n + 1} entries from 0 to {e}")
+    if bool((indptr.diff() < 0).any()):
+        raise ValueError("graph_attention_cuda: indptr must be non-decreasing")
+    for name, values, bound in (("key index", graph.indices, n),
+                                ("edge type", graph.edge_type, graph.num_edge_types)):
+        if values.shape != (e,):
+            raise ValueError(f"graph_attention_cuda: {name}s must have {e} entries")
+        if e and (int(values.min()) < 0 or int(values.max()) >= bound):
+            raise ValueError(f"graph_attention_cuda: {name} out of range [0, {bound})")
+
+
+def work_schedule(indptr: torch.Tensor, multi_type: torch.Tensor,
+                  split_edges: int = SPLIT_EDGES, window=None) -> WorkSchedule:
+    """Pieces of at most ``split_edges`` edges per CSR row (one, possibly empty, for short
+    rows), longest first; the slots and merges of the rows split into several pieces.
+    ``window`` (int64 [E], non-decreasing within rows): a piece never spans two values."""
+    if split_edges < 1:
+        raise ValueError(f"split_edges must be >= 1, got {split_edges}")
+    num_rows, num_edges = indptr.numel() - 1, int(indptr[-1])
+    lengths = indptr.diff()
+    rows = torch.repeat_interleave(torch.arange(num_rows), lengths)
+    # segments: the runs of a row with one window value; a row without edges is one
+    starts = torch.zeros(num_edges, dtype=torch.bool)
+    if window is not None and num_edges:
+        starts[1:] = window[1:] != window[:-1]
+    starts[indptr[:-1][lengths > 0]] = True
+    empty = (lengths == 0).nonzero().flatten()
+    seg_begin = torch.cat([starts.nonzero().flatten(), indptr[empty]])
+    seg_row = torch.cat([rows[starts], empty])
+    order = torch.argsort(seg_row * (num_edges + 1) + seg_begin)
+    seg_begin, seg_row = seg_begin[order], seg_row[order]
+    next_begin = torch.cat([seg_begin[1:], seg_begin.new_tensor([num_edges])])
+    seg_end = torch.minimum(next_begin, indptr[seg_row + 1])
+    chunks = ((seg_end - seg_begin + split_edges - 1) // split_edges).clamp_min(1)
+    segment = torch.repeat_interleave(torch.arange(seg_begin.numel()), chunks)
+    local = torch.arange(segment.numel()) - (chunks.cumsum(0) - chunks)[segment]
+    row = seg_row[segment]
+    begin = seg_begin[segment] + local * split_edges
+    end = torch.minimum(begin + split_edges, seg_end[segment])
+    counts = torch.bincount(row, minlength=num_rows)
+    local = torch.arange(row.numel()) - (counts.cumsum(0) - counts)[row]
+    split = counts[row] > 1
+    slot = torch.where(split, split.long().cumsum(0) - 1, torch.full_like(row, -1))
+    multi = multi_type.long()[row]
+    pieces = torch.stack([row, begin, end, slot, multi], 1)
+    order = torch.argsort(end - begin, descending=True, stable=True)
+    first = split & (local == 0)
+    merges = torch.stack([row[first], slot[first], counts[row[first]], multi[first]], 1)
+    return WorkSchedule(pieces[order].to(torch.int32).contiguous(),
+                        merges.to(torch.int32).contiguous(), int(split.sum()))
+
+
+def kernel_plan(graph: AttentionGraph, split_edges: int = SPLIT_EDGES) -> KernelPlan:
+    """Validate ``graph`` and build the kernels' view of it (CPU tensors)."""
+    validate_graph(graph)
+    n, num_types = graph.num_nodes, graph.num_edge_types
+    rows = graph.rows()
+    # within a row, edges by (type, key): each (row, type) is one run of the dQ kernel
+    order = torch.argsort((rows * num_types + graph.edge_type) * n + graph.indices)
+    indices, edge_type = graph.indices[order], graph.edge_type[order]
+    run_start = torch.ones(order.numel(), dtype=torch.bool)
+    run_start[1:] = (edge_type[1:] != edge_type[:-1]) | (rows[1:] != rows[:-1])
+    multi_type = torch.bincount(rows[run_start], minlength=n) > 1
+    by_query = work_schedule(graph.indptr, multi_type, split_edges,
+                             torch.div(edge_type, TYPE_WINDOW, rounding_mode="floor"))
+
+    by_key_order = torch.argsort(indices * n + rows)  # rows are unchanged by `order`
+    t_indptr = torch.cat([graph.indptr.new_zeros(1),
+                          torch.bincount(indices, minlength=n).cumsum(0)])
+    by_key = work_schedule(t_indptr, torch.zeros(n, dtype=torch.bool), split_edges)
+    return KernelPlan(indices.to(torch.int32), edge_type.to(torch.int32), order, by_query,
+                      rows[by_key_order].to(torch.int32), by_key_order.to(torch.int32), by_key)
+
+
+def plan_on(graph: AttentionGraph, device, split_edges: int = SPLIT_EDGES) -> KernelPlan:
+    """``kernel_plan`` on ``device``, cached on the graph."""
+    key = ("cuda_plan", str(device), split_edges)
     if key not in graph._cache:
-        graph._cache[key] = tuple(t.to(device=device, dtype=torch.int32)
-                                  for t in graph.transposed())
-    return (indptr, indices, edge_type) + graph._cache[key]
+        graph._cache[key] = kernel_plan(graph, split_edges).to(device)
+    return graph._cache[key]
 
+
+# ------------------------------------------------------------------------------- the op
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
     """Contiguous, with the 16-byte alignment the vector loads need."""
@@ -114,13 +242,13 @@ class GraphAttentionFunction(torch.autograd.Function):
     """Fused forward; backward recomputes probabilities from the saved log-sum-exp."""
 
     @staticmethod
-    def forward(ctx, query, key, value, rel_key, csr, key_padding_mask, scale, dropout_p):
-        ext = load_extension()
-        indptr, indices, edge_type, t_indptr, t_query, t_edge = csr
-        out, lse, rng_state = ext.forward(query, key, value, rel_key, indptr, indices, edge_type,
-                                          key_padding_mask, scale, dropout_p)
+    def forward(ctx, query, key, value, rel_key, key_padding_mask, extension, plan, scale,
+                dropout_p):
+        out, lse, rng_state = extension.forward(
+            query, key, value, rel_key, plan.indices, plan.edge_type, *plan.by_query.args(),
+            key_padding_mask, scale, dropout_p)
         ctx.save_for_backward(query, key, value, rel_key, out, lse, key_padding_mask)
-        ctx.csr, ctx.rng_state = csr, rng_state
+        ctx.extension, ctx.plan, ctx.rng_state = extension, plan, rng_state
         ctx.scale, ctx.dropout_p = scale, dropout_p
         return out
 
@@ -128,18 +256,19 @@ class GraphAttentionFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         query, key, value, rel_key, out, lse, key_padding_mask = ctx.saved_tensors
-        indptr, indices, edge_type, t_indptr, t_query, t_edge = ctx.csr
+        plan = ctx.plan
         need_rel_grad = rel_key is not None and ctx.needs_input_grad[3]
-        dq, dk, dv, drel = load_extension().backward(
-            _aligned(grad_out), query, key, value, rel_key, out, lse, ctx.rng_state, indptr,
-            indices, edge_type, t_indptr, t_query, t_edge, key_padding_mask, ctx.scale,
-            ctx.dropout_p, need_rel_grad)
-        return dq, dk, dv, (drel if need_rel_grad else None), None, None, None, None
+        dq, dk, dv, drel = ctx.extension.backward(
+            _aligned(grad_out), query, key, value, rel_key, out, lse, ctx.rng_state,
+            plan.indices, plan.edge_type, *plan.by_query.args(), plan.t_query, plan.t_edge,
+            *plan.by_key.args(), key_padding_mask, ctx.scale, ctx.dropout_p, need_rel_grad)
+        return dq, dk, dv, (drel if need_rel_grad else None), None, None, None, None, None
 
 
-def cuda_graph_attention(query, key, value, graph, rel_key=None, key_padding_mask=None,
-                         dropout_p=0.0, scale=None):
-    """Backend function (see ``graph_attention`` for the semantics)."""
+def fused_graph_attention(extension, query, key, value, graph, rel_key=None,
+                          key_padding_mask=None, dropout_p=0.0, scale=None,
+                          split_edges: int = SPLIT_EDGES):
+    """``graph_attention`` through a build of the kernels (``extension``)."""
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     if scale is None:
@@ -148,9 +277,17 @@ def cuda_graph_attention(query, key, value, graph, rel_key=None, key_padding_mas
         rel_key = _aligned(rel_key.to(query.dtype))
     if key_padding_mask is not None:
         key_padding_mask = key_padding_mask.to(device=query.device, dtype=torch.bool).contiguous()
-    csr = _graph_tensors(graph, query.device)
+    plan = plan_on(graph, query.device, split_edges)
     return GraphAttentionFunction.apply(_aligned(query), _aligned(key), _aligned(value), rel_key,
-                                        csr, key_padding_mask, float(scale), float(dropout_p))
+                                        key_padding_mask, extension, plan, float(scale),
+                                        float(dropout_p))
+
+
+def cuda_graph_attention(query, key, value, graph, rel_key=None, key_padding_mask=None,
+                         dropout_p=0.0, scale=None):
+    """Backend function (see ``graph_attention`` for the semantics)."""
+    return fused_graph_attention(load_extension(), query, key, value, graph, rel_key,
+                                 key_padding_mask, dropout_p, scale)
 
 
 register_backend("cuda", cuda_graph_attention, is_available)

@@ -52,6 +52,11 @@ class SlowFastConfig(PluginTransformerConfig):
 
     no_fast_branch: bool = field(default=False, metadata={
         "help": "slow branch only (subword encoder with its word GCN): the paper's slow-only baseline"})
+    no_slow_word_graph: bool = field(default=False, metadata={
+        "help": "no S-GCN: the slow branch is the stock encoder (ablation)"})
+    slowfast_post_norm: bool = field(default=False, metadata={
+        "help": "layer norm after each residual sublayer, encoder and decoder, as the stock transformer "
+                "(default: pre-norm, as the paper)"})
     fast_embed_dim: int = field(default=32, metadata={"help": "fast branch width (paper: 32 base, 64 Zh-En big)"})
     fast_ffn_embed_dim: Optional[int] = field(default=None, metadata={
         "help": "fast branch FFN size (default: 4 x --fast-embed-dim; paper: 128 at width 32)"})
@@ -179,7 +184,7 @@ class SlowFastEncoder(TransformerEncoderBase):
     """Slow (subword) and fast (character) branches; outputs the fairseq encoder dict.
 
     Extra attributes read from ``cfg`` (the model's flat argparse options):
-    ``no_fast_branch``, ``fast_embed_dim``, ``fast_ffn_embed_dim``,
+    ``no_fast_branch``, ``no_slow_word_graph``, ``fast_embed_dim``, ``fast_ffn_embed_dim``,
     ``fast_attention_heads``, ``fast_input``, ``fast_sentencepiece_model``,
     ``subword_style``, ``fast_max_characters``, ``slowfast_fusion``,
     ``slowfast_encoder_output``, ``unidirectional_fusion``, ``fast_boundaries``,
@@ -275,7 +280,7 @@ class SlowFastEncoder(TransformerEncoderBase):
             raise ValueError("--no-fast-branch leaves only the slow branch: --slowfast-encoder-output must be slow")
 
     def build_encoder_layer(self, cfg):
-        return SlowFastEncoderLayer(cfg, use_word_graph=True)
+        return SlowFastEncoderLayer(cfg, use_word_graph=not cfg.no_slow_word_graph)
 
     def fast_branch_input(self, src_tokens) -> FastBranchInput:
         if self.fast_input == "char":
@@ -398,10 +403,15 @@ class TransformerSlowFastModel(PluginModel, TransformerModel):
 
 
 def slowfast_defaults(args):
-    """TranSFormer-specific defaults (paper Sec. 4.1); pre-norm as in the paper."""
+    """TranSFormer-specific defaults (paper Sec. 4.1); pre-norm as in the paper unless
+    ``--slowfast-post-norm`` (fairseq's store-true norm flags cannot be turned off)."""
     set_default_options(args, SlowFastConfig)
     if args.fast_ffn_embed_dim is None:
         args.fast_ffn_embed_dim = 4 * args.fast_embed_dim
+    if args.slowfast_post_norm:
+        if getattr(args, "encoder_normalize_before", False) or getattr(args, "decoder_normalize_before", False):
+            raise ValueError("--slowfast-post-norm contradicts --encoder/decoder-normalize-before")
+        args.encoder_normalize_before = args.decoder_normalize_before = False
     args.encoder_normalize_before = getattr(args, "encoder_normalize_before", True)
     args.decoder_normalize_before = getattr(args, "decoder_normalize_before", True)
 

@@ -1,0 +1,207 @@
+"""Ahead-of-time compile of the triton backend's launch configurations for real GPUs, no GPU needed.
+
+The interpreter proves the arithmetic but never compiles a kernel: one that spills registers,
+overflows shared memory or misses the tensor cores passes it. Triton compiles for an explicit
+target on any machine, so every configuration the backend launches (kernel x dtype x head dim,
+with its ``CONFIGS`` entry, every feature on) is compiled here for sm_80 and sm_90a and
+checked against what a GPU would reject or run slowly:
+
+* zero spill stores and loads in the ptxas report of the shipped binary (register counts
+  alone mislead: a badly spilling kernel can report few registers);
+* ``metadata.shared`` within the target's per-block limit (Triton checks it only at load);
+* tensor-core instructions in the PTX (``wgmma.mma_async`` on sm_90a, ``mma.sync`` on sm_80).
+
+Pointers are compiled as 16-byte aligned (the backend guarantees it) and scalars are never
+specialised (``triton_kernels.SCALARS``), so these are the binaries a launch builds.
+
+    python -m fairseq_plugins.graph_attention.triton_aot [--capabilities 80 90] [--json FILE]
+
+Each compile runs in a fresh process (``TRITON_INTERPRET`` unset, no GPU visible, a private
+cache so that ptxas runs and reports).
+"""
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import re
+import sys
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import List, Optional
+
+# capability -> (PTX target name, NVIDIA's maximum shared memory per block in bytes)
+TARGETS = {80: ("sm_80 (A100)", 166912), 90: ("sm_90a (H100)", 232448)}
+TENSOR_CORE_INSTRUCTIONS = {80: "mma.sync", 90: "wgmma.mma_async"}
+REGISTERS_PER_SM = 65536
+MAX_THREADS_PER_SM = 2048
+MAX_BLOCKS_PER_SM = 32
+DTYPE_NAMES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+
+
+@dataclass(frozen=True)
+class Configuration:
+    kernel: str  # key of triton_backend.KERNELS
+    dtype: str  # torch dtype name
+    head_dim: int
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True)
+class CompileReport:
+    configuration: Configuration
+    capability: int
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    shared: int  # bytes of shared memory per block
+    tensor_core: bool
+
+    def problems(self) -> List[str]:
+        """What a GPU would reject or run slowly (empty when the binary is fine)."""
+        found = []
+        if self.spill_stores or self.spill_loads:
+            found.append(f"spills {self.spill_stores} B stores / {self.spill_loads} B loads")
+        if self.shared > TARGETS[self.capability][1]:
+            found.append(f"shared memory {self.shared} B > {TARGETS[self.capability][1]} B")
+        if not self.tensor_core:
+            found.append(f"no {TENSOR_CORE_INSTRUCTIONS[self.capability]} in the PTX")
+        return found
+
+    @property
+    def blocks_per_sm(self) -> int:
+        """Resident blocks per SM allowed by registers, threads and shared memory."""
+        threads = 32 * self.configuration.num_warps
+        by_registers = REGISTERS_PER_SM // max(self.registers * threads, 1)
+        by_shared = TARGETS[self.capability][1] // max(self.shared, 1)
+        return min(by_registers, by_shared, MAX_THREADS_PER_SM // threads, MAX_BLOCKS_PER_SM)
+
+
+def launched_configurations() -> List[Configuration]:
+    """Every (kernel, dtype, head dim) the backend launches, with its fixed configuration."""
+    from fairseq_plugins.graph_attention.triton_backend import CONFIGS, GPU_DTYPES
+
+    return [Configuration(kernel, str(dtype).replace("torch.", ""), dim, c.num_warps,
+                          c.num_stages)
+            for (kernel, dim), c in CONFIGS.items() for dtype in GPU_DTYPES]
+
+
+def _signature(kernel, dtype: str, constants: dict) -> dict:
+    """Argument types as the backend passes them (with every feature on)."""
+    element = DTYPE_NAMES[dtype]
+    signature = {}
+    for name in kernel.arg_names:
+        if name in constants:
+            signature[name] = "constexpr"
+        elif name in ("q_ptr", "k_ptr", "v_ptr", "out_ptr", "grad_out_ptr"):
+            signature[name] = f"*{element}"
+        elif name.endswith("types_ptr"):
+            signature[name] = "*i16"
+        elif name in ("slot_node_ptr", "items_ptr", "tile_start_ptr", "window_start_ptr"):
+            signature[name] = "*i32"
+        elif name == "pad_ptr":
+            signature[name] = "*u8"
+        elif name.endswith("_ptr"):
+            signature[name] = "*fp32"
+        else:
+            signature[name] = "fp32" if name in ("scale", "dropout_scale") else "i32"
+    return signature
+
+
+def compile_configuration(configuration: Configuration, capability: int,
+                          block_m: Optional[int] = None, block_n: Optional[int] = None
+                          ) -> CompileReport:
+    """Compile one configuration for ``capability`` in this process (needs the environment
+    that ``compile_all`` sets up) and read its resources; block sizes default to the plan's."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from fairseq_plugins.graph_attention import triton_backend
+
+    kernel = triton_backend.KERNELS[configuration.kernel]
+    constants = triton_backend.kernel_constants(configuration.kernel, configuration.head_dim)
+    constants.update({k: v for k, v in (("BLOCK_M", block_m), ("BLOCK_N", block_n)) if v})
+    signature = _signature(kernel, configuration.dtype, constants)
+    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
+               if signature[name].startswith("*")}
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):  # TRITON_DUMP_PTXAS_LOG prints ptxas -v here
+        compiled = triton.compile(
+            ASTSource(fn=kernel, signature=signature, constexprs=constants, attrs=aligned),
+            target=GPUTarget("cuda", capability, 32),
+            options={"num_warps": configuration.num_warps,
+                     "num_stages": configuration.num_stages})
+    report = log.getvalue()
+    registers = re.search(r"Used (\d+) registers", report)
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
+    if registers is None or spills is None:
+        raise RuntimeError(f"no ptxas resource report for {configuration}:\n{report}")
+    return CompileReport(configuration, capability, int(registers.group(1)),
+                         int(spills.group(1)), int(spills.group(2)), compiled.metadata.shared,
+                         TENSOR_CORE_INSTRUCTIONS[capability] in compiled.asm["ptx"])
+
+
+def _compile_in_worker(arguments):
+    return compile_configuration(*arguments)
+
+
+@contextlib.contextmanager
+def _compiler_environment(cache: str):
+    """The environment processes started inside inherit: no interpreter, no GPU, a private
+    cache (so that ptxas runs and reports), the ptxas log on stdout. Spawned processes import
+    the caller's main module before anything else runs in them, so the variables must be set
+    when they start."""
+    saved = dict(os.environ)
+    os.environ.pop("TRITON_INTERPRET", None)
+    os.environ.update(CUDA_VISIBLE_DEVICES="", TRITON_CACHE_DIR=cache, TRITON_DUMP_PTXAS_LOG="1",
+                      TRITON_DEFAULT_FP_FUSION="1")
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def compile_all(jobs, workers: int = 2) -> List[CompileReport]:
+    """``compile_configuration(*job)`` for every job, in fresh processes; a report per job,
+    in order."""
+    import multiprocessing
+
+    with tempfile.TemporaryDirectory() as cache, _compiler_environment(cache):
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(workers, mp_context=context) as pool:
+            return list(pool.map(_compile_in_worker, jobs))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--capabilities", type=int, nargs="+", default=sorted(TARGETS),
+                        choices=sorted(TARGETS))
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--json", help="also write the reports here")
+    args = parser.parse_args(argv)
+    jobs = [(c, cc) for cc in args.capabilities for c in launched_configurations()]
+    reports = compile_all(jobs, args.workers)
+    print("| target | kernel | dtype | D | warps | stages | registers | spills | shared KiB "
+          "| blocks/SM | tensor cores |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in reports:
+        c = r.configuration
+        print(f"| {TARGETS[r.capability][0]} | {c.kernel} | {c.dtype} | {c.head_dim} "
+              f"| {c.num_warps} | {c.num_stages} | {r.registers} "
+              f"| {r.spill_stores + r.spill_loads} | {r.shared / 1024:.1f} | {r.blocks_per_sm} "
+              f"| {'yes' if r.tensor_core else 'NO'} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([asdict(r) for r in reports], f, indent=1)
+    bad = [(r.configuration, r.capability, r.problems()) for r in reports if r.problems()]
+    for configuration, capability, problems in bad:
+        print(f"FAIL {configuration} sm_{capability}: {'; '.join(problems)}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

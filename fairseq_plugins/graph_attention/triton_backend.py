@@ -1,0 +1,242 @@
+"""The ``"triton"`` backend of ``graph_attention``: flash attention over the bands of a tree.
+
+Forward: one program per (query block or part of it, sentence x head) walks the block's key
+tiles (``triton_plan``) with an online softmax in fp32 and saves the log-sum-exp. Backward,
+FA2 style: Delta = rowsum(dO * O); dQ per query block; dK/dV per aligned key block over the
+windows of query slots that read it. Parts of split blocks are merged here, in a fixed order.
+
+The relative-key term is a gathered fp32 table scale * q . rel_key[t] ([BH, N, T], one GEMM);
+its gradient, summed per (row, type) in the dQ kernel, becomes d rel_key and the rest of dQ
+through two GEMMs. dQ, dK and dV use no atomics and are bitwise reproducible; the per-(row,
+type) sums use fp32 atomics, so d rel_key may differ in the last bits between runs.
+
+Launch configurations are fixed in ``CONFIGS``: no autotuning is possible without a GPU, so
+they are chosen by the static limits that ``triton_aot`` checks for sm_80 and sm_90a (zero
+spills, shared memory within the block limit, tensor-core instructions). On CPU the kernels
+run under ``TRITON_INTERPRET=1`` (the tests).
+"""
+
+import os
+from dataclasses import dataclass
+from typing import Dict, Tuple
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from fairseq_plugins.graph_attention import triton_kernels  # ImportError without Triton
+from fairseq_plugins.graph_attention.registry import register_backend
+from fairseq_plugins.graph_attention.triton_plan import TilePlan, WorkItems, plan_on
+
+HEAD_DIMS = (32, 64, 128)
+GPU_DTYPES = (torch.float16, torch.bfloat16)  # fp32 tiles spill (see docs/cuda_ext.md)
+INTERPRETER_DTYPES = (torch.float32,) + GPU_DTYPES
+MAX_BATCH_HEADS = 65535  # grid.y
+BLOCK_M, BLOCK_N = 64, 32  # query rows x key columns of a tile; one plan serves every kernel
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    num_warps: int
+    num_stages: int
+
+
+# (kernel, head dim) -> launch configuration, the same for fp16 and bf16
+CONFIGS: Dict[Tuple[str, int], LaunchConfig] = {
+    ("forward", 32): LaunchConfig(4, 2),
+    ("forward", 64): LaunchConfig(4, 2),
+    ("forward", 128): LaunchConfig(8, 2),
+    ("backward_query", 32): LaunchConfig(4, 2),
+    ("backward_query", 64): LaunchConfig(4, 2),
+    ("backward_query", 128): LaunchConfig(8, 2),
+    ("backward_key", 32): LaunchConfig(4, 2),
+    ("backward_key", 64): LaunchConfig(4, 2),
+    ("backward_key", 128): LaunchConfig(8, 2),
+}
+KERNELS = {"forward": triton_kernels.forward_kernel,
+           "backward_query": triton_kernels.backward_query_kernel,
+           "backward_key": triton_kernels.backward_key_kernel}
+
+
+def interpreted() -> bool:
+    """Whether Triton runs kernels on the CPU (``TRITON_INTERPRET=1``, read at import)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def is_available(query: torch.Tensor) -> bool:
+    """fp16/bf16 CUDA tensors (any device and fp32 too, under the interpreter) of a
+    supported head dim."""
+    dtypes = INTERPRETER_DTYPES if interpreted() else GPU_DTYPES
+    return (query.dim() == 4 and query.dtype in dtypes and query.size(-1) in HEAD_DIMS
+            and query.size(0) * query.size(1) <= MAX_BATCH_HEADS
+            and (query.is_cuda or interpreted()))
+
+
+def kernel_constants(kernel: str, head_dim: int, has_rel=True, has_pad=True, has_dropout=True,
+                     upcast=False) -> dict:
+    """The constexpr arguments of a launch (shared with the ahead-of-time compile); the key
+    kernel's tiles are the transposed ones (BLOCK_M keys x BLOCK_N query slots)."""
+    rows, cols = (BLOCK_N, BLOCK_M) if kernel == "backward_key" else (BLOCK_M, BLOCK_N)
+    return dict(D=head_dim, BLOCK_M=rows, BLOCK_N=cols, HAS_REL=has_rel, HAS_PAD=has_pad,
+                HAS_DROPOUT=has_dropout, UPCAST=upcast)
+
+
+def _launch(name, grid, dtype, head_dim, flags, *args):
+    config = CONFIGS[(name, head_dim)]
+    # the interpreter's bf16 tl.dot is wrong (Triton issue 11584): compute those in fp32
+    upcast = interpreted() and dtype == torch.bfloat16
+    KERNELS[name][grid](*args, **kernel_constants(name, head_dim, upcast=upcast, **flags),
+                        num_warps=config.num_warps, num_stages=config.num_stages)
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """Contiguous with a 16-byte aligned start: the alignment the binaries are compiled for."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+def _split_rows(plan: TilePlan, work: WorkItems, query_major: bool) -> torch.Tensor:
+    """Graph node [S, block] of every row of each split block (-1 = none)."""
+    blocks = work.split_blocks
+    if query_major:
+        slots = blocks[:, None] * plan.block_m + torch.arange(plan.block_m, device=blocks.device)
+        return plan.slot_node[slots].long()
+    keys = blocks[:, None] * plan.block_m + torch.arange(plan.block_m, device=blocks.device)
+    return torch.where(keys < plan.num_nodes, keys, -1)
+
+
+def _gather_parts(parts: torch.Tensor, work: WorkItems, fill=0.0) -> torch.Tensor:
+    """[S, max parts, BH, rows, ...] parts of each split block (``fill`` where padded)."""
+    return torch.cat([parts, parts.new_full((1, *parts.shape[1:]), fill)])[work.part_index]
+
+
+def _scatter_rows(target: torch.Tensor, values: torch.Tensor, nodes: torch.Tensor) -> None:
+    """target[bh, nodes[s, r]] = values[s, bh, r] where nodes >= 0 (distinct nodes)."""
+    present = nodes >= 0
+    target[:, nodes[present]] = values.transpose(0, 1)[:, present].to(target.dtype)
+
+
+def _merge_forward(out, lse, part_out, part_lse, plan: TilePlan) -> None:
+    """Combine the parts of split query blocks by log-sum-exp (a part without keys: -inf)."""
+    work = plan.query_work
+    lses = _gather_parts(part_lse, work, float("-inf"))  # [S, parts, BH, BLOCK_M]
+    total = torch.logsumexp(lses, 1)
+    no_key = torch.isinf(total)
+    weights = torch.exp(lses - torch.where(no_key, 0.0, total)[:, None])
+    merged = (weights[..., None] * _gather_parts(part_out, work)).sum(1)
+    nodes = _split_rows(plan, work, True)
+    _scatter_rows(out, merged, nodes)
+    _scatter_rows(lse, torch.where(no_key, float("inf"), total), nodes)
+
+
+def _merge_sum(target, parts, plan: TilePlan, work: WorkItems, query_major: bool) -> None:
+    """Sum the parts of split blocks in a fixed order."""
+    _scatter_rows(target, _gather_parts(parts, work).sum(1), _split_rows(plan, work, query_major))
+
+
+def _scalars(rel_table, pad, lse, num_nodes, heads, batch_heads, scale, seed, dropout_p):
+    """The trailing kernel arguments shared by the three kernels (unused pointers get lse)."""
+    num_types = 1 if rel_table is None else rel_table.size(-1)
+    return (lse if rel_table is None else rel_table, lse if pad is None else pad, num_nodes,
+            num_types, heads, batch_heads, float(scale), seed, int(round(dropout_p * 2**24)),
+            1.0 / (1.0 - dropout_p))
+
+
+class TritonGraphAttention(torch.autograd.Function):
+    """Forward and FA2-style backward through the kernels of ``triton_kernels``."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, rel_key, key_padding_mask, plan: TilePlan, scale,
+                dropout_p):
+        bsz, heads, num_nodes, dim = query.shape
+        bh = bsz * heads
+        q, k, v = (_aligned(x.reshape(bh, num_nodes, dim)) for x in (query, key, value))
+        device = q.device
+        rel_table = None
+        if rel_key is not None:  # scale * q . rel_key[t] for every row and type
+            rel_table = _aligned((q.float() @ rel_key.float().t()).mul_(scale))
+        pad = None
+        if key_padding_mask is not None:
+            pad = _aligned(key_padding_mask.to(device=device, dtype=torch.uint8))
+        # the dropout seed comes from torch's generator: torch.manual_seed reproduces it
+        seed = int(torch.randint(0, 2**31 - 1, ()).item()) if dropout_p > 0 else 0
+        flags = dict(has_rel=rel_table is not None, has_pad=pad is not None,
+                     has_dropout=dropout_p > 0)
+        out = torch.empty_like(q)
+        lse = torch.empty(bh, num_nodes, device=device)
+        work = plan.query_work
+        part_out = torch.empty(work.num_parts, bh, plan.block_m, dim, device=device)
+        part_lse = torch.empty(work.num_parts, bh, plan.block_m, device=device)
+        scalars = _scalars(rel_table, pad, lse, num_nodes, heads, bh, scale, seed, dropout_p)
+        _launch("forward", (work.items.size(0), bh), q.dtype, dim, flags,
+                q, k, v, out, lse, part_out, part_lse, plan.slot_node, work.items,
+                plan.tile_start, plan.tile_types, *scalars)
+        if work.num_parts:
+            _merge_forward(out, lse, part_out, part_lse, plan)
+        ctx.save_for_backward(q, k, v, out, lse, rel_key, rel_table, pad)
+        ctx.plan, ctx.scale, ctx.dropout_p, ctx.seed, ctx.flags = plan, scale, dropout_p, seed, flags
+        ctx.shape = query.shape
+        return out.view(query.shape)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        q, k, v, out, lse, rel_key, rel_table, pad = ctx.saved_tensors
+        plan, flags = ctx.plan, ctx.flags
+        bsz, heads, num_nodes, dim = ctx.shape
+        bh, device = bsz * heads, q.device
+        grad_out = _aligned(grad_out.reshape(bh, num_nodes, dim))
+        delta = (grad_out.float() * out.float()).sum(-1)
+        scalars = _scalars(rel_table, pad, lse, num_nodes, heads, bh, ctx.scale, ctx.seed,
+                           ctx.dropout_p)
+
+        work = plan.query_work
+        grad_q = torch.empty(bh, num_nodes, dim, device=device)
+        part_grad_q = torch.empty(work.num_parts, bh, plan.block_m, dim, device=device)
+        grad_rows = lse if rel_table is None else torch.zeros_like(rel_table)
+        _launch("backward_query", (work.items.size(0), bh), q.dtype, dim, flags,
+                q, k, v, grad_out, lse, delta, grad_q, part_grad_q, grad_rows, plan.slot_node,
+                work.items, plan.tile_start, plan.tile_types, *scalars)
+        if work.num_parts:
+            _merge_sum(grad_q, part_grad_q, plan, work, True)
+
+        work = plan.key_work
+        grad_k, grad_v = (torch.empty(bh, num_nodes, dim, device=device) for _ in range(2))
+        part_grad_k, part_grad_v = (torch.empty(work.num_parts, bh, plan.block_m, dim,
+                                                device=device) for _ in range(2))
+        _launch("backward_key", (work.items.size(0), bh), q.dtype, dim, flags,
+                q, k, v, grad_out, lse, delta, grad_k, grad_v, part_grad_k, part_grad_v,
+                plan.slot_node, plan.slot_node.numel(), work.items, plan.window_start,
+                plan.window_types, *scalars)
+        if work.num_parts:
+            _merge_sum(grad_k, part_grad_k, plan, work, False)
+            _merge_sum(grad_v, part_grad_v, plan, work, False)
+
+        grad_rel = None
+        if rel_table is not None:  # d(score) summed per (row, type): the relative-key terms
+            grad_rows.mul_(ctx.scale)
+            grad_q += grad_rows @ rel_key.float()
+            grad_rel = (grad_rows.reshape(-1, grad_rows.size(-1)).t()
+                        @ q.reshape(-1, dim).float()).to(rel_key.dtype)
+        shape, dtype = ctx.shape, q.dtype
+        return (grad_q.to(dtype).view(shape), grad_k.to(dtype).view(shape),
+                grad_v.to(dtype).view(shape), grad_rel, None, None, None, None)
+
+
+def triton_graph_attention(query, key, value, graph, rel_key=None, key_padding_mask=None,
+                           dropout_p=0.0, scale=None):
+    """Backend function (see ``graph_attention`` for the semantics)."""
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if dropout_p > 0 and graph.num_nodes >= 2**16:
+        raise ValueError("the triton backend's dropout hashes (query, key) pairs in 32 bits: "
+                         f"at most 65535 nodes, got {graph.num_nodes}")
+    if scale is None:
+        scale = query.size(-1) ** -0.5
+    if graph.num_edges == 0:  # no row has a key
+        return torch.zeros_like(query)
+    plan = plan_on(graph, BLOCK_M, BLOCK_N, query.device)
+    return TritonGraphAttention.apply(query, key, value, rel_key, key_padding_mask, plan,
+                                      float(scale), float(dropout_p))
+
+
+register_backend("triton", triton_graph_attention, is_available)

@@ -1,0 +1,281 @@
+"""Triton kernels of the ``triton`` graph-attention backend: flash attention over a tile plan.
+
+The plan (``triton_plan``) cuts the graph's query rows, in tree order, into blocks of
+``BLOCK_M`` slots and gives each block a few key tiles: ``BLOCK_N`` consecutive key nodes
+starting anywhere, with an int16 tile of edge types (-1 = no edge). The key-major side of the
+backward has the transposed tiles: aligned blocks of ``BLOCK_N`` keys (its constexprs are
+swapped: 64 keys), each with windows of ``BLOCK_M`` consecutive query slots. A work item is one block and a range of its tiles; an item whose
+block is split across programs writes a partial result that ``triton_backend`` merges.
+
+Every kernel runs one (work item, batch x head) per program. Scores and softmax statistics
+are fp32; ``UPCAST`` casts the loaded operands to fp32 (the interpreter's bf16 ``tl.dot`` is
+wrong, Triton issue 11584). Dropout keeps an edge when a hash of (seed, batch x head, query
+node, key node) passes a threshold, so the backward regenerates the same mask in any order.
+"""
+
+import triton
+import triton.language as tl
+
+# scalars are never specialised (on divisibility by 16 or on being 1), so that the binaries
+# launched are exactly those that ``triton_aot`` compiles ahead of time
+SCALARS = ["num_nodes", "num_types", "heads", "num_batch_heads", "scale", "seed",
+           "dropout_threshold", "dropout_scale"]
+
+
+@triton.jit
+def _mix32(x):
+    """The 32-bit finalizer of MurmurHash3: a bijection that spreads every input bit."""
+    x = x ^ (x >> 16)
+    x = x * 0x85EBCA6B
+    x = x ^ (x >> 13)
+    x = x * 0xC2B2AE35
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def _keep(seed, bh, query_node, key_node, num_nodes, threshold):
+    """Dropout keep bits of the (query_node, key_node) pairs (broadcast shapes)."""
+    stream = _mix32(seed.to(tl.uint32) ^ (bh.to(tl.uint32) * 0x9E3779B9))
+    counter = query_node.to(tl.uint32) * num_nodes.to(tl.uint32) + key_node.to(tl.uint32)
+    return (_mix32(counter ^ stream) >> 8).to(tl.int32) >= threshold
+
+
+@triton.jit
+def _tile_scores(q, k, types, key_ok, rel_base, query_node, num_types, scale,
+                 HAS_REL: tl.constexpr):
+    """Scores of one tile (fp32, -inf off the graph or on an absent key) and the edge mask.
+
+    ``q`` is [rows, D] and ``k`` [cols, D]; ``types`` [rows, cols] (-1 = no edge);
+    ``key_ok`` (present keys) and ``query_node`` broadcast to it."""
+    valid = (types >= 0) & key_ok
+    s = tl.dot(q, tl.trans(k)) * scale
+    if HAS_REL:  # gathered from the [N, T] table of scale * q . rel_key[t]
+        s += tl.load(rel_base + query_node * num_types + types, mask=valid, other=0.0)
+    return tl.where(valid, s, float("-inf")), valid
+
+
+@triton.jit
+def _key_ok(pad_ptr, bh, heads, key_node, num_nodes, HAS_PAD: tl.constexpr):
+    """Keys that exist and are present in this sentence ([len(key_node)] bool)."""
+    ok = key_node < num_nodes
+    if HAS_PAD:
+        absent = tl.load(pad_ptr + (bh // heads).to(tl.int64) * num_nodes + key_node,
+                         mask=ok, other=1)
+        ok = ok & (absent == 0)
+    return ok
+
+
+@triton.jit
+def _load_rows(base, nodes, present, D: tl.constexpr, UPCAST: tl.constexpr):
+    """[len(nodes), D] rows of one [N, D] matrix (zeros where not ``present``)."""
+    x = tl.load(base + nodes[:, None] * D + tl.arange(0, D)[None, :], mask=present[:, None],
+                other=0.0)
+    if UPCAST:
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def _query_rows(slot_node_ptr, block, BLOCK_M: tl.constexpr):
+    """(graph node clamped to >= 0, row holds a node) of the slots of a query block."""
+    node = tl.load(slot_node_ptr + block * BLOCK_M + tl.arange(0, BLOCK_M))
+    return tl.maximum(node, 0), node >= 0
+
+
+@triton.jit
+def _forward_tile(q, query_node, tile_start_ptr, tile, types_ptr, k_base, rel_base, pad_ptr, bh,
+                  heads, num_nodes, num_types, scale, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, HAS_REL: tl.constexpr, HAS_PAD: tl.constexpr,
+                  UPCAST: tl.constexpr):
+    """(key nodes, keys, types, scores, edge mask) of one tile of a query block."""
+    cols = tl.arange(0, BLOCK_N)
+    key_node = tl.load(tile_start_ptr + tile) + cols
+    key_ok = _key_ok(pad_ptr, bh, heads, key_node, num_nodes, HAS_PAD)
+    k = _load_rows(k_base, key_node, key_node < num_nodes, D, UPCAST)
+    types = tl.load(types_ptr + tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + cols[None, :])
+    s, valid = _tile_scores(q, k, types, key_ok[None, :], rel_base, query_node[:, None],
+                            num_types, scale, HAS_REL)
+    return key_node, k, types, s, valid
+
+
+@triton.jit
+def _item(items_ptr):
+    """(block, first tile, end tile, part) of this program's work item."""
+    item = items_ptr + tl.program_id(0) * 4
+    return tl.load(item), tl.load(item + 1), tl.load(item + 2), tl.load(item + 3)
+
+
+@triton.jit(do_not_specialize=SCALARS)
+def forward_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr,
+    slot_node_ptr, items_ptr, tile_start_ptr, tile_types_ptr, rel_ptr, pad_ptr,
+    num_nodes, num_types, heads, num_batch_heads, scale, seed, dropout_threshold, dropout_scale,
+    D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_REL: tl.constexpr, HAS_PAD: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """Output and log-sum-exp of one query block (or of a part of its tiles)."""
+    block, first_tile, end_tile, part = _item(items_ptr)
+    bh = tl.program_id(1)
+    matrix = bh.to(tl.int64) * num_nodes * D  # this (sentence, head)'s [N, D] rows
+    rows = tl.arange(0, BLOCK_M)
+    query_node, row_present = _query_rows(slot_node_ptr, block, BLOCK_M)
+    q = _load_rows(q_ptr + matrix, query_node, row_present, D, UPCAST)
+    rel_base = rel_ptr + bh.to(tl.int64) * num_nodes * num_types
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    types_ptr = tile_types_ptr + first_tile.to(tl.int64) * (BLOCK_M * BLOCK_N)
+    for tile in range(first_tile, end_tile):
+        key_node, k, types, s, valid = _forward_tile(
+            q, query_node, tile_start_ptr, tile, types_ptr, k_ptr + matrix, rel_base, pad_ptr,
+            bh, heads, num_nodes, num_types, scale, D, BLOCK_M, BLOCK_N, HAS_REL, HAS_PAD, UPCAST)
+        types_ptr += BLOCK_M * BLOCK_N
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row without keys so far
+        p = tl.exp(s - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if HAS_DROPOUT:
+            keep = _keep(seed, bh, query_node[:, None], key_node[None, :], num_nodes,
+                         dropout_threshold)
+            p = tl.where(keep, p * dropout_scale, 0.0)
+        v = _load_rows(v_ptr + matrix, key_node, key_node < num_nodes, D, UPCAST)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    has_key = l_i > 0
+    out = acc / tl.where(has_key, l_i, 1.0)[:, None]
+    lse = m_i + tl.log(tl.where(has_key, l_i, 1.0))
+    d = tl.arange(0, D)
+    if part < 0:  # the block's only item: final rows; a row without a key has lse = +inf
+        tl.store(out_ptr + matrix + query_node[:, None] * D + d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=row_present[:, None])
+        tl.store(lse_ptr + bh.to(tl.int64) * num_nodes + query_node,
+                 tl.where(has_key, lse, float("inf")), mask=row_present)
+    else:  # one part of a split block, merged by log-sum-exp afterwards (-inf = no key)
+        offset = (part.to(tl.int64) * num_batch_heads + bh) * BLOCK_M
+        tl.store(part_out_ptr + offset * D + rows[:, None] * D + d[None, :], out)
+        tl.store(part_lse_ptr + offset + rows, tl.where(has_key, lse, float("-inf")))
+
+
+@triton.jit(do_not_specialize=SCALARS)
+def backward_query_kernel(
+    q_ptr, k_ptr, v_ptr, grad_out_ptr, lse_ptr, delta_ptr, grad_q_ptr, part_grad_q_ptr,
+    grad_rel_ptr, slot_node_ptr, items_ptr, tile_start_ptr, tile_types_ptr, rel_ptr, pad_ptr,
+    num_nodes, num_types, heads, num_batch_heads, scale, seed, dropout_threshold, dropout_scale,
+    D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_REL: tl.constexpr, HAS_PAD: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """dQ (fp32, without the relative-key term) of one query block or part; with HAS_REL,
+    d(score) summed per (row, edge type) into grad_rel [BH, N, T] (atomics)."""
+    block, first_tile, end_tile, part = _item(items_ptr)
+    bh = tl.program_id(1)
+    matrix = bh.to(tl.int64) * num_nodes * D
+    vector = bh.to(tl.int64) * num_nodes
+    rows = tl.arange(0, BLOCK_M)
+    query_node, row_present = _query_rows(slot_node_ptr, block, BLOCK_M)
+    q = _load_rows(q_ptr + matrix, query_node, row_present, D, UPCAST)
+    grad_out = _load_rows(grad_out_ptr + matrix, query_node, row_present, D, UPCAST)
+    lse = tl.load(lse_ptr + vector + query_node, mask=row_present, other=float("inf"))
+    delta = tl.load(delta_ptr + vector + query_node, mask=row_present, other=0.0)
+    rel_base = rel_ptr + vector * num_types
+    grad_rel_base = grad_rel_ptr + vector * num_types
+
+    grad_q = tl.zeros([BLOCK_M, D], tl.float32)
+    types_ptr = tile_types_ptr + first_tile.to(tl.int64) * (BLOCK_M * BLOCK_N)
+    for tile in range(first_tile, end_tile):
+        key_node, k, types, s, valid = _forward_tile(
+            q, query_node, tile_start_ptr, tile, types_ptr, k_ptr + matrix, rel_base, pad_ptr,
+            bh, heads, num_nodes, num_types, scale, D, BLOCK_M, BLOCK_N, HAS_REL, HAS_PAD, UPCAST)
+        types_ptr += BLOCK_M * BLOCK_N
+        v = _load_rows(v_ptr + matrix, key_node, key_node < num_nodes, D, UPCAST)
+        p = tl.exp(s - lse[:, None])
+        grad_p = tl.dot(grad_out, tl.trans(v))
+        if HAS_DROPOUT:
+            keep = _keep(seed, bh, query_node[:, None], key_node[None, :], num_nodes,
+                         dropout_threshold)
+            grad_p = tl.where(keep, grad_p * dropout_scale, 0.0)
+        grad_s = p * (grad_p - delta[:, None])
+        grad_q += tl.dot(grad_s.to(k.dtype), k)
+        if HAS_REL:
+            tl.atomic_add(grad_rel_base + query_node[:, None] * num_types + types, grad_s,
+                          mask=valid & row_present[:, None], sem="relaxed")
+
+    grad_q *= scale
+    d = tl.arange(0, D)
+    if part < 0:
+        tl.store(grad_q_ptr + matrix + query_node[:, None] * D + d[None, :], grad_q,
+                 mask=row_present[:, None])
+    else:
+        offset = (part.to(tl.int64) * num_batch_heads + bh) * BLOCK_M * D
+        tl.store(part_grad_q_ptr + offset + rows[:, None] * D + d[None, :], grad_q)
+
+
+@triton.jit(do_not_specialize=SCALARS + ["num_slots"])
+def backward_key_kernel(
+    q_ptr, k_ptr, v_ptr, grad_out_ptr, lse_ptr, delta_ptr, grad_k_ptr, grad_v_ptr,
+    part_grad_k_ptr, part_grad_v_ptr, slot_node_ptr, num_slots, items_ptr, window_start_ptr,
+    window_types_ptr, rel_ptr, pad_ptr,
+    num_nodes, num_types, heads, num_batch_heads, scale, seed, dropout_threshold, dropout_scale,
+    D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_REL: tl.constexpr, HAS_PAD: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """dK, dV (fp32) of one aligned block of BLOCK_N key nodes (or a part of its windows of
+    BLOCK_M query slots): the transposed tiles, so that every product has BLOCK_N rows."""
+    block, first_window, end_window, part = _item(items_ptr)
+    bh = tl.program_id(1)
+    matrix = bh.to(tl.int64) * num_nodes * D
+    vector = bh.to(tl.int64) * num_nodes
+    keys = tl.arange(0, BLOCK_N)
+    rows = tl.arange(0, BLOCK_M)
+    key_node = block * BLOCK_N + keys
+    key_exists = key_node < num_nodes
+    key_ok = _key_ok(pad_ptr, bh, heads, key_node, num_nodes, HAS_PAD)
+    k = _load_rows(k_ptr + matrix, key_node, key_exists, D, UPCAST)
+    v = _load_rows(v_ptr + matrix, key_node, key_exists, D, UPCAST)
+    rel_base = rel_ptr + vector * num_types
+
+    grad_k = tl.zeros([BLOCK_N, D], tl.float32)
+    grad_v = tl.zeros([BLOCK_N, D], tl.float32)
+    types_ptr = window_types_ptr + first_window.to(tl.int64) * (BLOCK_M * BLOCK_N)
+    for window in range(first_window, end_window):
+        slot = tl.load(window_start_ptr + window) + rows
+        query_node = tl.load(slot_node_ptr + slot, mask=slot < num_slots, other=-1)
+        row_present = query_node >= 0
+        query_node = tl.maximum(query_node, 0)
+        q = _load_rows(q_ptr + matrix, query_node, row_present, D, UPCAST)
+        grad_out = _load_rows(grad_out_ptr + matrix, query_node, row_present, D, UPCAST)
+        lse = tl.load(lse_ptr + vector + query_node, mask=row_present, other=float("inf"))
+        delta = tl.load(delta_ptr + vector + query_node, mask=row_present, other=0.0)
+        types = tl.load(types_ptr + keys[:, None] * BLOCK_M + rows[None, :])
+        types_ptr += BLOCK_M * BLOCK_N
+        # transposed tile: [keys, query rows]
+        s, valid = _tile_scores(k, q, types, key_ok[:, None], rel_base, query_node[None, :],
+                                num_types, scale, HAS_REL)
+        p = tl.exp(s - lse[None, :])
+        grad_p = tl.dot(v, tl.trans(grad_out))
+        p_dropped = p
+        if HAS_DROPOUT:
+            keep = _keep(seed, bh, query_node[None, :], key_node[:, None], num_nodes,
+                         dropout_threshold)
+            p_dropped = tl.where(keep, p * dropout_scale, 0.0)
+            grad_p = tl.where(keep, grad_p * dropout_scale, 0.0)
+        grad_v += tl.dot(p_dropped.to(grad_out.dtype), grad_out)
+        grad_s = p * (grad_p - delta[None, :])
+        grad_k += tl.dot(grad_s.to(q.dtype), q)
+
+    grad_k *= scale
+    d = tl.arange(0, D)
+    if part < 0:
+        offset = matrix + key_node[:, None] * D + d[None, :]
+        tl.store(grad_k_ptr + offset, grad_k, mask=key_exists[:, None])
+        tl.store(grad_v_ptr + offset, grad_v, mask=key_exists[:, None])
+    else:
+        offset = (part.to(tl.int64) * num_batch_heads + bh) * BLOCK_N * D
+        offset += keys[:, None] * D + d[None, :]
+        tl.store(part_grad_k_ptr + offset, grad_k)
+        tl.store(part_grad_v_ptr + offset, grad_v)

@@ -1,0 +1,218 @@
+"""The triton backend under the Triton interpreter (CPU), against the float64 torch reference.
+
+Forward and every gradient (q, k, v, rel_key) on BPT (k 1/2/4/8, causal), SegTree and random
+tree-laid graphs, with padding, rows without keys, dropout (the mask the kernels hash, rebuilt
+here in torch) and split blocks; fp32, fp16 and bf16 (upcast to fp32 for tl.dot under the
+interpreter, Triton issue 11584). The interpreter is slow (about 10 ms per tile and kernel
+on an idle core): the cases use one head and few programs.
+"""
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+from fairseq_plugins.graph_attention import graph_attention, triton_plan  # noqa: E402
+from fairseq_plugins.graph_attention import triton_backend  # noqa: E402
+from fairseq_plugins.graphs.attention_graph import AttentionGraph, TreeLayout  # noqa: E402
+from fairseq_plugins.graphs.binary_partition import (  # noqa: E402
+    bpt_graph, node_present, segtree_graph, tree_level_sizes,
+)
+
+pytestmark = pytest.mark.skipif(not triton_backend.interpreted(),
+                                reason="needs TRITON_INTERPRET=1 (set by conftest without a GPU)")
+
+# max |error| / max(max |reference|, 1) per dtype; inputs are rounded to the dtype first
+TOLERANCE = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+
+
+def random_tree_graph(n: int, edges_per_row: int, seed: int = 0) -> AttentionGraph:
+    """A tree layout over n tokens with random edges between any nodes (some rows empty)."""
+    gen = torch.Generator().manual_seed(seed)
+    sizes = tree_level_sizes(n)
+    num_nodes = sum(sizes)
+    rows = torch.randint(0, num_nodes, (num_nodes * edges_per_row,), generator=gen)
+    cols = torch.randint(0, num_nodes, rows.shape, generator=gen)
+    pairs = torch.unique(rows * num_nodes + cols)
+    rows, cols = pairs // num_nodes, pairs % num_nodes
+    counts = torch.bincount(rows, minlength=num_nodes)
+    return AttentionGraph(num_nodes=num_nodes,
+                          indptr=torch.cat([counts.new_zeros(1), counts.cumsum(0)]),
+                          indices=cols, edge_type=torch.randint(0, 7, cols.shape, generator=gen),
+                          num_edge_types=7, tree=TreeLayout(n, sizes))
+
+
+def keep_mask(seed: int, batch_heads: int, num_nodes: int, dropout_p: float) -> torch.Tensor:
+    """[BH, N, N] bool: the keep bits the kernels hash (``triton_kernels._keep``), in torch."""
+    mask32 = 0xFFFFFFFF
+
+    def mix(x):
+        x = x ^ (x >> 16)
+        x = (x * 0x85EBCA6B) & mask32
+        x = x ^ (x >> 13)
+        x = (x * 0xC2B2AE35) & mask32
+        return x ^ (x >> 16)
+
+    bh = torch.arange(batch_heads, dtype=torch.int64)
+    stream = mix(seed ^ ((bh * 0x9E3779B9) & mask32))
+    nodes = torch.arange(num_nodes, dtype=torch.int64)
+    counter = (nodes[:, None] * num_nodes + nodes[None, :]) & mask32
+    bits = mix(counter[None] ^ stream[:, None, None])
+    return (bits >> 8) >= round(dropout_p * 2**24)
+
+
+def dense_reference(q, k, v, graph, rel_key, key_padding_mask, scale, keep=None, dropout_p=0.0):
+    """float64 [N, N] attention with -inf off the graph and an explicit dropout mask."""
+    n = graph.num_nodes
+    valid = torch.zeros(n, n, dtype=torch.bool)
+    valid[graph.rows(), graph.indices] = True
+    types = torch.zeros(n, n, dtype=torch.long)
+    types[graph.rows(), graph.indices] = graph.edge_type
+    scores = q @ k.transpose(-1, -2) + torch.gather(q @ rel_key.T, -1, types.expand(*q.shape[:2], n, n))
+    valid = valid & ~key_padding_mask[:, None, None, :]
+    probs = torch.softmax((scores * scale).masked_fill(~valid, float("-inf")), -1).nan_to_num(0.0)
+    if keep is not None:
+        probs = probs * keep.view(probs.shape) / (1 - dropout_p)
+    return probs @ v
+
+
+def inputs(graph, lengths, dtype, dim=32, heads=1, seed=0):
+    """(q, k, v, rel_key) in ``dtype`` and float64 copies of the same values, and the mask."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = (len(lengths), heads, graph.num_nodes, dim)
+    low = [torch.randn(shape, generator=gen).to(dtype) for _ in range(3)]
+    low.append((0.5 * torch.randn(graph.num_edge_types, dim, generator=gen)).to(dtype))
+    mask = ~node_present(torch.tensor(lengths), graph.tree.num_tokens)
+    return ([x.requires_grad_() for x in low],
+            [x.detach().double().requires_grad_() for x in low], mask)
+
+
+def assert_close(actual, expected, dtype, what):
+    error = (actual.double() - expected).abs().max().item()
+    limit = TOLERANCE[dtype] * max(expected.abs().max().item(), 1.0)
+    assert error <= limit, f"{what}: max error {error:.3g} > {limit:.3g}"
+
+
+def check(graph, lengths, dtype=torch.float32, dropout_p=0.0, plan=None, seed=0):
+    """Forward and every gradient of the triton backend against the float64 reference."""
+    low, ref, mask = inputs(graph, lengths, dtype, seed=seed)
+    scale = low[0].size(-1) ** -0.5
+    torch.manual_seed(seed)
+    if plan is None:
+        out = graph_attention(*low[:3], graph, low[3], mask, dropout_p, backend="triton")
+    else:
+        out = triton_backend.TritonGraphAttention.apply(*low[:3], low[3], mask, plan, scale,
+                                                        dropout_p)
+    keep = None
+    if dropout_p > 0:  # the kernel's seed is the first draw after torch.manual_seed(seed)
+        torch.manual_seed(seed)
+        kernel_seed = int(torch.randint(0, 2**31 - 1, ()).item())
+        keep = keep_mask(kernel_seed, low[0].size(0) * low[0].size(1), graph.num_nodes,
+                         dropout_p)
+    if dropout_p > 0:
+        expected = dense_reference(*ref[:3], graph, ref[3], mask, scale, keep, dropout_p)
+    else:
+        expected = graph_attention(*ref[:3], graph, ref[3], mask, backend="torch")
+    assert_close(out, expected, dtype, "output")
+    grad = torch.randn(expected.shape, generator=torch.Generator().manual_seed(seed + 1))
+    grads = torch.autograd.grad(out, low, grad.to(dtype))
+    expected_grads = torch.autograd.grad(expected, ref, grad.double())
+    for name, actual, wanted in zip(("q", "k", "v", "rel_key"), grads, expected_grads):
+        assert_close(actual, wanted, dtype, f"grad {name}")
+    return out
+
+
+GRAPHS = {
+    "bpt-k1-n1": (lambda: bpt_graph(1, 1), [1]),
+    "bpt-k1-n2": (lambda: bpt_graph(2, 1), [2, 1]),
+    "bpt-k1-n3": (lambda: bpt_graph(3, 1), [3, 2]),
+    "bpt-k2-n5": (lambda: bpt_graph(5, 2), [5, 3]),
+    "bpt-k2-n17": (lambda: bpt_graph(17, 2), [17, 9]),
+    "bpt-k8-n64": (lambda: bpt_graph(64, 8), [64, 33]),
+    "bpt-k4-n100": (lambda: bpt_graph(100, 4), [100, 57]),
+    "bpt-k2-causal-n100": (lambda: bpt_graph(100, 2, causal=True), [100, 40]),
+    "segtree-n64": (lambda: segtree_graph(64), [64, 30]),
+    "random-tree-n40": (lambda: random_tree_graph(40, 6), [40, 40]),
+    "bpt-k4-n257": (lambda: bpt_graph(257, 4), [257, 200]),
+    "bpt-k4-n1000": (lambda: bpt_graph(1000, 4), [1000, 700]),
+    "bpt-k1-n2049": (lambda: bpt_graph(2049, 1), [2049]),
+}
+
+
+@pytest.mark.parametrize("name", GRAPHS)
+def test_fp32_forward_and_gradients_match_the_reference(name):
+    build, lengths = GRAPHS[name]
+    check(build(), lengths)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("name", ["bpt-k4-n100", "segtree-n64"])
+def test_half_precision_matches_the_reference(name, dtype):
+    build, lengths = GRAPHS[name]
+    check(build(), lengths, dtype)
+
+
+def test_dropout_uses_the_same_mask_forward_and_backward():
+    """Split blocks too: one tile per program, so every block of more than one tile is
+    merged by log-sum-exp (forward) and fixed-order sums (gradients)."""
+    graph = bpt_graph(64, 2)
+    for per_item, dropout_p in ((triton_plan.TILES_PER_ITEM, 0.3), (1, 0.3), (1, 0.0)):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(triton_plan, "TILES_PER_ITEM", per_item)
+            plan = triton_plan.build_plan(graph, triton_backend.BLOCK_M, triton_backend.BLOCK_N)
+        assert per_item > 1 or plan.query_work.num_parts and plan.key_work.num_parts
+        check(graph, [64, 40], dropout_p=dropout_p, plan=plan)
+
+
+def test_dropout_keeps_about_one_minus_p():
+    keep = keep_mask(12345, 4, 300, 0.25)
+    assert abs(keep.float().mean().item() - 0.75) < 0.005
+
+
+def test_rows_without_present_keys_are_zero_with_zero_gradients():
+    graph = bpt_graph(17, 1)
+    (q, k, v, rel), _, _ = inputs(graph, [17, 17], torch.float32)
+    mask = torch.zeros(2, graph.num_nodes, dtype=torch.bool)
+    mask[1] = True
+    out = graph_attention(q, k, v, graph, rel, mask, backend="triton")
+    assert out[1].abs().max() == 0 and out[0].abs().min() > 0
+    out.sum().backward()
+    assert q.grad[1].abs().max() == 0 and k.grad[1].abs().max() == 0
+
+
+def test_plan_tiles_and_windows_hold_exactly_the_edges():
+    for graph in (bpt_graph(300, 4), segtree_graph(100, causal=True), random_tree_graph(50, 9)):
+        plan = triton_plan.build_plan(graph, 64, 32)  # key side: 64 keys x 32 query slots
+        n, expected = graph.num_nodes, torch.full((graph.num_nodes, graph.num_nodes + 64), -1)
+        expected[graph.rows(), graph.indices] = graph.edge_type
+        found = torch.full_like(expected, -1)
+        for block, first, end, _ in plan.query_work.items.tolist():
+            nodes = plan.slot_node[block * 64:(block + 1) * 64].long()
+            for tile in range(first, end):
+                start = int(plan.tile_start[tile])
+                types = plan.tile_types[tile].long()[nodes >= 0]
+                seen = found[nodes[nodes >= 0], start:start + 32]
+                assert bool((seen[types >= 0] == -1).all()), "an edge in two tiles"
+                found[nodes[nodes >= 0], start:start + 32] = torch.where(types >= 0, types, seen)
+        assert torch.equal(found, expected)
+        transposed = torch.full_like(expected, -1)
+        slots = torch.cat([plan.slot_node.long(), torch.full((32,), -1)])
+        for block, first, end, _ in plan.key_work.items.tolist():
+            keys = torch.arange(block * 64, block * 64 + 64)
+            for window in range(first, end):
+                nodes = slots[int(plan.window_start[window]):][:32]
+                types = plan.window_types[window].long().t()  # [query rows, keys]
+                rows = nodes >= 0
+                seen = transposed[nodes[rows][:, None], keys[None, :]]
+                transposed[nodes[rows][:, None], keys[None, :]] = torch.where(
+                    types[rows] >= 0, types[rows], seen)
+        assert torch.equal(transposed[:, :n], expected[:, :n])
+
+
+def test_bad_inputs_raise():
+    graph = bpt_graph(5, 1)
+    (q, k, v, rel), _, _ = inputs(graph, [5], torch.float32)
+    with pytest.raises(ValueError, match="dropout_p"):
+        graph_attention(q, k, v, graph, rel, dropout_p=1.0, backend="triton")
+    with pytest.raises(RuntimeError, match="'triton' cannot run"):
+        graph_attention(q[..., :16], k[..., :16], v[..., :16], graph, rel[:, :16],
+                        backend="triton")
