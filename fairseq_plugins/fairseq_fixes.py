@@ -1,25 +1,31 @@
-"""Named, idempotent fixes that make fairseq 0.12.2 run on Python >= 3.11 and torch >= 2.6.
+"""Named, idempotent fixes of fairseq 0.12.2 for Python >= 3.11, torch >= 2.6 and the edges users meet.
 
-fairseq 0.12.2 (2022) is the newest release on PyPI and is broken on today's stack
-(see REFERENCE.md section 1). Each fix below edits the installed fairseq at the narrowest
-point that removes one breakage on the translation path, and says why it exists.
-The edits are plain text replacements: a fix is "applied" when its new text is in place,
-"missing" when the original text is found, and anything else means a fairseq source we do
-not know, which we refuse to touch.
+fairseq 0.12.2 (2022) is the newest release on PyPI and is broken on today's stack (see
+REFERENCE.md sections 1 and 8). Each fix below edits fairseq's source at the narrowest point
+that removes one breakage, and says why it exists. The fixes go into the source of the 0.12.2
+sdist, which ``scripts/build_fairseq_wheel.py`` builds into a local wheel whose version carries
+a label naming this set of fixes (``0.12.2+plugins.<hash>``); ``scripts/setup.sh`` installs it
+with pip. An installed fairseq is never edited in place: ``check`` only reads it.
 
-    python -m fairseq_plugins.fairseq_fixes check   # report; exit 1 if a fix is missing
-    python -m fairseq_plugins.fairseq_fixes apply   # apply what is missing; safe to repeat
+Edits are plain text replacements: a fix is "applied" when its new text is in place, "missing"
+when the original text is found once, and anything else means a fairseq source we do not know,
+which we refuse to touch.
 
-This module must not import fairseq: before the fixes, ``import fairseq`` raises.
+    python -m fairseq_plugins.fairseq_fixes check            # the installed fairseq; exit 1 if a fix is missing
+    python -m fairseq_plugins.fairseq_fixes apply SDIST_DIR  # fix an unpacked sdist; safe to repeat
+    python -m fairseq_plugins.fairseq_fixes version          # the version a build with these fixes carries
+
+This module must not import fairseq: without the fixes, ``import fairseq`` raises.
 """
 
 import argparse
+import hashlib
 import importlib.metadata
 import importlib.util
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 SUPPORTED_FAIRSEQ_VERSION = "0.12.2"
 
@@ -32,7 +38,7 @@ class FairseqFixError(RuntimeError):
 
 @dataclass(frozen=True)
 class TextEdit:
-    """Replace ``old`` by ``new`` in one file (relative to a root the fix chooses)."""
+    """Replace ``old`` by ``new`` in one file, named relative to the root of a fairseq tree."""
 
     path: str
     old: str
@@ -45,27 +51,64 @@ class TextEdit:
 
 @dataclass(frozen=True)
 class Fix:
+    """One breakage and its edits of the sdist; ``installed`` says how it shows once built and
+    installed, when that is not the same text (the metadata pip reads)."""
+
     name: str
     why: str
     edits: Tuple[TextEdit, ...]
-    root: Callable[[], Path]
+    installed: Optional[Tuple[TextEdit, ...]] = None
+
+
+class SourceTree:
+    """An unpacked fairseq sdist: ``fairseq/``, ``fairseq_cli/``, ``setup.py``."""
+
+    def __init__(self, root):
+        self.root = Path(root)
+
+    def file(self, path: str) -> Path:
+        return self.root / path
+
+    def version(self) -> str:
+        return self.file("fairseq/version.txt").read_text().strip()
+
+    def edits(self, fix: Fix) -> Tuple[TextEdit, ...]:
+        return fix.edits
+
+    def __str__(self):
+        return str(self.root)
+
+
+class InstalledTree:
+    """The fairseq that Python imports: its packages and its .dist-info (found without importing it)."""
+
+    def file(self, path: str) -> Path:
+        if path == "METADATA":
+            return _installed_metadata_file()
+        return fairseq_package_dir().parent / path
+
+    def version(self) -> str:
+        return installed_fairseq_version()
+
+    def edits(self, fix: Fix) -> Tuple[TextEdit, ...]:
+        return fix.installed or fix.edits
+
+    def __str__(self):
+        return str(fairseq_package_dir())
+
+
+def _installed_metadata_file() -> Path:
+    """The METADATA of the installed fairseq's .dist-info (what pip's resolver reads)."""
+    dist = importlib.metadata.distribution("fairseq")
+    return Path(dist.locate_file(next(f for f in dist.files if f.name == "METADATA" and "dist-info" in str(f))))
 
 
 def fairseq_package_dir() -> Path:
     """The installed fairseq package folder, found without importing it."""
     spec = importlib.util.find_spec("fairseq")
     if spec is None or not spec.submodule_search_locations:
-        raise FairseqFixError(
-            "fairseq is not installed; run scripts/setup.sh (it installs fairseq==0.12.2)"
-        )
+        raise FairseqFixError("fairseq is not installed; run scripts/setup.sh (it installs the fixed fairseq 0.12.2)")
     return Path(list(spec.submodule_search_locations)[0])
-
-
-def fairseq_dist_info_dir() -> Path:
-    """The installed fairseq's .dist-info folder (its METADATA drives pip's resolver)."""
-    dist = importlib.metadata.distribution("fairseq")
-    metadata = next(f for f in dist.files if f.name == "METADATA" and "dist-info" in str(f))
-    return Path(metadata.locate()).parent
 
 
 def installed_fairseq_version() -> str:
@@ -73,7 +116,7 @@ def installed_fairseq_version() -> str:
         return importlib.metadata.version("fairseq")
     except importlib.metadata.PackageNotFoundError as e:
         raise FairseqFixError(
-            "fairseq is not installed; run scripts/setup.sh (it installs fairseq==0.12.2)"
+            "fairseq is not installed; run scripts/setup.sh (it installs the fixed fairseq 0.12.2)"
         ) from e
 
 
@@ -84,6 +127,8 @@ def _dataclass_default_edits(path: str, fields: List[Tuple[str, str]]) -> Tuple[
     )
 
 
+_DIST = "fairseq/distributed/utils.py"
+
 FIXES = (
     Fix(
         name="dataclass_defaults",
@@ -92,7 +137,7 @@ FIXES = (
             "(another dataclass); `import fairseq` raises ValueError. Use default_factory."
         ),
         edits=_dataclass_default_edits(
-            "dataclass/configs.py",
+            "fairseq/dataclass/configs.py",
             [
                 ("common", "CommonConfig"),
                 ("common_eval", "CommonEvalConfig"),
@@ -108,17 +153,16 @@ FIXES = (
             ],
         )
         + _dataclass_default_edits(
-            "models/transformer/transformer_config.py",
+            "fairseq/models/transformer/transformer_config.py",
             [("encoder", "EncDecBaseConfig"), ("decoder", "DecoderConfig")],
         )
         + (
             TextEdit(
-                "models/transformer/transformer_config.py",
+                "fairseq/models/transformer/transformer_config.py",
                 "quant_noise: QuantNoiseConfig = field(default=QuantNoiseConfig())",
                 "quant_noise: QuantNoiseConfig = field(default_factory=QuantNoiseConfig)",
             ),
         ),
-        root=fairseq_package_dir,
     ),
     Fix(
         name="hydra_init_default_factory",
@@ -128,13 +172,12 @@ FIXES = (
         ),
         edits=(
             TextEdit(
-                "dataclass/initialize.py",
+                "fairseq/dataclass/initialize.py",
                 "v = FairseqConfig.__dataclass_fields__[k].default\n",
                 "fld = FairseqConfig.__dataclass_fields__[k]\n"
                 "        v = fld.default_factory() if callable(fld.default_factory) else fld.default\n",
             ),
         ),
-        root=fairseq_package_dir,
     ),
     Fix(
         name="torch_load_weights_only",
@@ -147,7 +190,7 @@ FIXES = (
         ),
         edits=(
             TextEdit(
-                "checkpoint_utils.py",
+                "fairseq/checkpoint_utils.py",
                 '        state = torch.load(f, map_location=torch.device("cpu"))\n',
                 "        try:\n"
                 '            state = torch.load(f, map_location=torch.device("cpu"), weights_only=False)\n'
@@ -155,12 +198,11 @@ FIXES = (
                 '            raise RuntimeError(f"{path} is not a valid checkpoint: {e}") from e\n',
             ),
             TextEdit(
-                "checkpoint_utils.py",
+                "fairseq/checkpoint_utils.py",
                 '"cpu")\n            ),\n        )',
                 '"cpu")\n            ),\n            weights_only=False,\n        )',
             ),
         ),
-        root=fairseq_package_dir,
     ),
     Fix(
         name="bettertransformer_fast_path",
@@ -172,12 +214,11 @@ FIXES = (
         ),
         edits=(
             TextEdit(
-                "modules/transformer_layer.py",
+                "fairseq/modules/transformer_layer.py",
                 "        self.load_to_BT = True\n",
                 "        self.load_to_BT = False  # fairseq_plugins: fast path disabled\n",
             ),
         ),
-        root=fairseq_package_dir,
     ),
     Fix(
         name="dependency_pins",
@@ -186,69 +227,268 @@ FIXES = (
             "another torch, whose import raises OSError, or a second torch) and pins "
             "hydra-core<1.1 / omegaconf<2.1, which fail on Python 3.11. Translation never "
             "imports torchaudio; hydra-core 1.3.2 and omegaconf 2.3.0 work once the fixes above "
-            "are in. Rewrite the installed metadata so pip keeps the working set."
+            "are in. Declare the working set, so that `pip check` is clean and pip keeps it."
         ),
         edits=(
-            TextEdit("METADATA", "Requires-Dist: torchaudio>=0.8.0\n", ""),
+            TextEdit("setup.py", '            "torchaudio>=0.8.0",\n', ""),
             TextEdit(
-                "METADATA",
-                "Requires-Dist: hydra-core<1.1,>=1.0.7\n",
-                "Requires-Dist: hydra-core>=1.3.2\n",
+                "setup.py",
+                '            "hydra-core>=1.0.7,<1.1",\n            "omegaconf<2.1",\n',
+                '            "hydra-core>=1.3.2",\n            "omegaconf>=2.3.0",\n',
             ),
+        ),
+        installed=(
+            TextEdit("METADATA", "Requires-Dist: torchaudio>=0.8.0\n", ""),
+            TextEdit("METADATA", "Requires-Dist: hydra-core<1.1,>=1.0.7\n", "Requires-Dist: hydra-core>=1.3.2\n"),
             TextEdit("METADATA", "Requires-Dist: omegaconf<2.1\n", "Requires-Dist: omegaconf>=2.3.0\n"),
         ),
-        root=fairseq_dist_info_dir,
+    ),
+    Fix(
+        name="missing_user_dir_message",
+        why=(
+            "Without --user-dir, a plugin's model type is unknown and fairseq's message for it "
+            "calls .format() on an f-string that already holds the config: braces in the config "
+            "raise IndexError/KeyError and the model type is lost. Say which type is unknown "
+            "and that a plugin needs --user-dir; the same for a plugin's task."
+        ),
+        edits=(
+            TextEdit(
+                "fairseq/models/__init__.py",
+                "    assert model is not None, (\n"
+                '        f"Could not infer model type from {cfg}. "\n'
+                '        "Available models: {}".format(MODEL_DATACLASS_REGISTRY.keys())\n'
+                '        + f" Requested model type: {model_type}"\n'
+                "    )\n",
+                "    if model is None:  # fairseq_plugins: a message that names the model type\n"
+                "        raise ValueError(\n"
+                '            f"unknown model type {model_type!r}: a model from a plugin needs the plugin\'s "\n'
+                '            "folder, --user-dir PATH (user_dir=PATH for from_pretrained), e.g. "\n'
+                '            "--user-dir path/to/fairseq_plugins. Known model types: "\n'
+                '            + ", ".join(sorted(MODEL_REGISTRY))\n'
+                "        )\n",
+            ),
+            TextEdit(
+                "fairseq/tasks/__init__.py",
+                "    assert (\n"
+                "        task is not None\n"
+                '    ), f"Could not infer task type from {cfg}. Available argparse tasks: '
+                '{TASK_REGISTRY.keys()}. Available hydra tasks: {TASK_DATACLASS_REGISTRY.keys()}"\n',
+                "    if task is None:  # fairseq_plugins: a message that names the task\n"
+                "        raise ValueError(\n"
+                '            f"unknown task {task_name!r}: a task from a plugin needs the plugin\'s folder, "\n'
+                '            "--user-dir PATH (user_dir=PATH for from_pretrained). Known tasks: "\n'
+                '            + ", ".join(sorted(TASK_REGISTRY))\n'
+                "        )\n",
+            ),
+        ),
+    ),
+    Fix(
+        name="torchrun_local_rank",
+        why=(
+            "Under torchrun, fairseq takes the device from LOCAL_RANK only as the default of "
+            "device_id, read when fairseq is imported; a config that sets device_id (a hydra "
+            "yaml, a saved config) leaves every process of a node on cuda:0. The launcher's "
+            "LOCAL_RANK is the truth wherever torchrun's environment is recognised."
+        ),
+        edits=(
+            TextEdit(
+                _DIST,
+                '    cfg.distributed_rank = int(os.environ["RANK"])\n    # processes are created by',
+                '    cfg.distributed_rank = int(os.environ["RANK"])\n'
+                '    if "LOCAL_RANK" in os.environ:  # fairseq_plugins: this process\'s device on its node\n'
+                '        cfg.device_id = int(os.environ["LOCAL_RANK"])\n'
+                "    # processes are created by",
+            ),
+        ),
+    ),
+    Fix(
+        name="cpu_distributed_spawn",
+        why=(
+            "`--distributed-world-size N --cpu` counts CUDA devices to decide how many processes "
+            "to spawn: 'world size is N but have 0 available devices'. On CPU, spawn one process "
+            "per rank (with --distributed-backend gloo)."
+        ),
+        edits=(
+            TextEdit(
+                _DIST,
+                "def infer_init_method(cfg: DistributedTrainingConfig, force_distributed=False):",
+                "def infer_init_method(cfg: DistributedTrainingConfig, force_distributed=False, cpu=False):",
+            ),
+            TextEdit(_DIST, "        _infer_single_node_init(cfg)\n", "        _infer_single_node_init(cfg, cpu)\n"),
+            TextEdit(
+                _DIST,
+                "                torch.cuda.device_count(), cfg.distributed_world_size\n",
+                "                cfg.distributed_world_size if cpu else torch.cuda.device_count(),\n"
+                "                cfg.distributed_world_size,\n",
+            ),
+            TextEdit(
+                _DIST,
+                "def _infer_single_node_init(cfg: DistributedTrainingConfig):\n"
+                "    assert (\n        cfg.distributed_world_size <=",
+                "def _infer_single_node_init(cfg: DistributedTrainingConfig, cpu=False):\n"
+                "    assert (\n        cpu or cfg.distributed_world_size <=",
+            ),
+            TextEdit(
+                _DIST,
+                "        infer_init_method(cfg.distributed_training)\n",
+                "        infer_init_method(cfg.distributed_training, cpu=cfg.common.cpu)\n",
+            ),
+            TextEdit(
+                _DIST,
+                "                nprocs=min(\n                    torch.cuda.device_count(),\n",
+                "                nprocs=min(\n"
+                "                    cfg.distributed_training.distributed_world_size\n"
+                "                    if cfg.common.cpu  # fairseq_plugins: one CPU process per rank\n"
+                "                    else torch.cuda.device_count(),\n",
+            ),
+        ),
+    ),
+    Fix(
+        name="ddp_cpu_device_ids",
+        why=(
+            "`--ddp-backend c10d` wraps the model in DistributedDataParallel with "
+            "device_ids=[device_id], which torch refuses for a module on CPU; only legacy_ddp "
+            "trained on CPU. A CPU module takes no device ids."
+        ),
+        edits=(
+            TextEdit(
+                "fairseq/models/distributed_fairseq_model.py",
+                "            device_ids=[args.device_id],\n            output_device=args.device_id,\n",
+                "            # fairseq_plugins: a module on CPU takes no device ids\n"
+                '            device_ids=None if torch.device(device).type == "cpu" else [args.device_id],\n'
+                '            output_device=None if torch.device(device).type == "cpu" else args.device_id,\n',
+            ),
+        ),
+    ),
+    Fix(
+        name="ddp_unused_fast_path_weights",
+        why=(
+            "Every encoder layer keeps copies of its weights for the BetterTransformer path "
+            "(in_proj_weight, fc1_weight, ...), which never get a gradient; DistributedDataParallel "
+            "(--ddp-backend c10d, the default) stops in the second update ('Expected to have "
+            "finished reduction in the prior iteration'), for the stock transformer too. Tell DDP "
+            "to ignore exactly those copies; checkpoints and optimizer states keep their layout."
+        ),
+        edits=(
+            TextEdit(
+                "fairseq/models/distributed_fairseq_model.py",
+                '    elif args.ddp_backend in {"c10d", "pytorch_ddp"}:\n'
+                "        wrapped_model = DistributedDataParallel(\n",
+                '    elif args.ddp_backend in {"c10d", "pytorch_ddp"}:\n'
+                "        # fairseq_plugins: the encoder layers' weight copies for the (disabled)\n"
+                "        # BetterTransformer path never get a gradient; DDP must not wait for them\n"
+                "        from fairseq.modules.transformer_layer import TransformerEncoderLayerBase\n"
+                "\n"
+                "        copies = (\"in_proj_weight\", \"in_proj_bias\", \"out_proj_weight\", \"out_proj_bias\",\n"
+                "                  \"fc1_weight\", \"fc1_bias\", \"fc2_weight\", \"fc2_bias\")\n"
+                "        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, [\n"
+                "            f\"{name}.{copy}\" for name, layer in model.named_modules()\n"
+                "            if isinstance(layer, TransformerEncoderLayerBase) for copy in copies\n"
+                "        ])\n"
+                "        wrapped_model = DistributedDataParallel(\n",
+            ),
+        ),
+    ),
+    Fix(
+        name="half_precision_flags",
+        why=(
+            "In fairseq 0.12.2 --bf16 (and --memory-efficient-bf16) imply --tpu: without torch_xla "
+            "they die in the XLA path ('NoneType' object has no attribute 'xla_device'), on CPU "
+            "and GPU alike. On CPU, --fp16 dies deep in torch's CUDA code, while "
+            "--memory-efficient-fp16 trains slowly in float16 and --amp does nothing. Say so "
+            "when the trainer picks its device, before any training step: errors for the first "
+            "two, warnings for the others."
+        ),
+        edits=(
+            TextEdit(
+                "fairseq/trainer.py",
+                "        self.cuda = torch.cuda.is_available() and not cfg.common.cpu and not self.tpu\n"
+                "        if self.cuda:\n",
+                "        self.cuda = torch.cuda.is_available() and not cfg.common.cpu and not self.tpu\n"
+                "        # fairseq_plugins: what half precision cannot do here, said before training\n"
+                "        if self.tpu and utils.xm is None:\n"
+                "            raise ValueError(\n"
+                '                "--tpu, which --bf16 and --memory-efficient-bf16 imply in fairseq 0.12.2, needs "\n'
+                '                "torch_xla (TPUs); drop the flag to train in float32 (or --fp16 on a GPU)"\n'
+                "            )\n"
+                "        if not self.cuda and not self.tpu:\n"
+                "            if cfg.common.fp16 and not cfg.common.memory_efficient_fp16:\n"
+                '                raise ValueError("--fp16 needs a CUDA GPU; on CPU, train in float32: drop the flag")\n'
+                "            if cfg.common.memory_efficient_fp16:\n"
+                '                logger.warning("--memory-efficient-fp16 on CPU trains in float16, which is slow "\n'
+                '                               "there; float32 (no flag) is the faster choice")\n'
+                "            if cfg.common.amp:\n"
+                '                logger.warning("--amp does nothing on CPU: training runs in float32")\n'
+                "        if self.cuda:\n",
+            ),
+        ),
     ),
 )
+
+
+def local_version() -> str:
+    """The version of a fairseq built with exactly these fixes: 0.12.2+plugins.<hash of the edits>."""
+    digest = hashlib.sha256()
+    for fix in FIXES:
+        for edit in fix.edits:
+            digest.update(repr((fix.name, edit.path, edit.old, edit.new)).encode())
+    return f"{SUPPORTED_FAIRSEQ_VERSION}+plugins.{digest.hexdigest()[:10]}"
 
 
 def _edit_status(text: str, edit: TextEdit) -> str:
     if edit.new and edit.new in text:
         return APPLIED
-    if edit.old in text:
+    if text.count(edit.old) == 1:
         return MISSING
-    if not edit.new:  # a pure deletion is applied once the old text is gone
+    if not edit.new and edit.old not in text:  # a pure deletion is applied once the old text is gone
         return APPLIED
-    raise FairseqFixError(f"unknown fairseq source in {edit.path}: expected {edit.old!r}")
+    raise FairseqFixError(
+        f"unknown fairseq source in {edit.path}: expected {edit.old!r} once. "
+        "Reinstall fairseq with scripts/setup.sh (it builds 0.12.2 with these fixes)."
+    )
 
 
-def _check_version() -> None:
-    version = installed_fairseq_version()
-    if version != SUPPORTED_FAIRSEQ_VERSION:
+def _check_version(tree) -> None:
+    version = tree.version()
+    if version.split("+")[0] != SUPPORTED_FAIRSEQ_VERSION:
         raise FairseqFixError(
-            f"fairseq {version} is installed; these fixes are written for "
+            f"fairseq {version} at {tree}: these fixes are written for "
             f"fairseq {SUPPORTED_FAIRSEQ_VERSION} only. Install it with scripts/setup.sh."
         )
 
 
-def fix_status(fix: Fix) -> str:
-    """APPLIED when every edit of the fix is in place, else MISSING."""
-    root = fix.root()
-    statuses = {_edit_status((root / e.path).read_text(), e) for e in fix.edits}
+def fix_status(fix: Fix, tree) -> str:
+    """APPLIED when every edit of the fix is in place in the tree, else MISSING."""
+    statuses = {_edit_status(tree.file(e.path).read_text(), e) for e in tree.edits(fix)}
     return APPLIED if statuses == {APPLIED} else MISSING
 
 
-def check() -> Dict[str, str]:
-    """Status of every fix by name. Raises FairseqFixError for an unknown fairseq."""
-    _check_version()
-    return {fix.name: fix_status(fix) for fix in FIXES}
+def check(tree=None) -> Dict[str, str]:
+    """Status of every fix by name in a tree (default: the installed fairseq).
+    Raises FairseqFixError for an unknown fairseq."""
+    tree = tree or InstalledTree()
+    _check_version(tree)
+    return {fix.name: fix_status(fix, tree) for fix in FIXES}
 
 
-def apply() -> Dict[str, str]:
-    """Apply the missing fixes; return what each fix did ('applied now' or 'already applied')."""
-    _check_version()
+def apply(tree: SourceTree) -> Dict[str, str]:
+    """Apply the missing fixes to an unpacked sdist and give it the local version label;
+    return what each fix did ('applied now' or 'already applied')."""
+    if not isinstance(tree, SourceTree):
+        raise FairseqFixError("fixes are applied to fairseq's source before it is built, never in place")
+    _check_version(tree)
     done = {}
     for fix in FIXES:
-        if fix_status(fix) == APPLIED:
+        if fix_status(fix, tree) == APPLIED:
             done[fix.name] = "already applied"
             continue
-        root = fix.root()
         for edit in fix.edits:
-            path = root / edit.path
+            path = tree.file(edit.path)
             text = path.read_text()
             if _edit_status(text, edit) == MISSING:
                 path.write_text(text.replace(edit.old, edit.new, 1))
         done[fix.name] = "applied now"
+    tree.file("fairseq/version.txt").write_text(local_version())
     return done
 
 
@@ -257,21 +497,30 @@ def require_fixed() -> None:
     missing = [name for name, status in check().items() if status != APPLIED]
     if missing:
         raise FairseqFixError(
-            f"fairseq is missing fixes {missing}: run `python -m fairseq_plugins.fairseq_fixes apply` "
-            "(scripts/setup.sh does it)"
+            f"the installed fairseq {installed_fairseq_version()} lacks fixes {missing}: run "
+            "scripts/setup.sh, which installs fairseq 0.12.2 built with them "
+            f"({local_version()}); a reinstall of fairseq from PyPI undoes them"
         )
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("action", choices=["check", "apply"])
+    sub = parser.add_subparsers(dest="action", required=True)
+    sub.add_parser("check", help="report the fixes of the installed fairseq; exit 1 if one is missing")
+    apply_parser = sub.add_parser("apply", help="apply the fixes to an unpacked fairseq 0.12.2 sdist")
+    apply_parser.add_argument("source", type=Path, help="the sdist's folder (holds setup.py and fairseq/)")
+    sub.add_parser("version", help="print the version a fairseq built with these fixes carries")
     args = parser.parse_args(argv)
+    if args.action == "version":
+        print(local_version())
+        return 0
+    tree = SourceTree(args.source) if args.action == "apply" else InstalledTree()
     try:
-        report = check() if args.action == "check" else apply()
+        report = check(tree) if args.action == "check" else apply(tree)
     except FairseqFixError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"fairseq {installed_fairseq_version()} at {fairseq_package_dir()}")
+    print(f"fairseq {tree.version()} at {tree}")
     for fix in FIXES:
         print(f"  {fix.name:28s} {report[fix.name]}")
     if args.action == "check" and MISSING in report.values():

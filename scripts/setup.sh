@@ -4,17 +4,28 @@
 #   bash scripts/setup.sh            # PYTHON=python3.11 bash scripts/setup.sh to choose Python
 #
 # - torch: an installed torch (e.g. a CUDA build) is kept as it is; only when none is
-#   importable is torch==$TORCH_VERSION installed (2.13.0 by default).
-# - the dependencies of pyproject.toml, fairseq 0.12.2 without its stale pins (--no-deps),
-#   then the named fixes of fairseq_plugins/fairseq_fixes.py, then this plugin (editable).
-# - the CUDA kernels, when nvcc and a CUDA build of torch are both present.
+#   importable is torch==$TORCH_VERSION installed (2.13.0 by default, from PyPI).
+# - the dependencies of pyproject.toml and of its extras $EXTRAS ("test tensorboard triton").
+# - fairseq 0.12.2 built from its sdist with the fixes of fairseq_plugins/fairseq_fixes.py
+#   (scripts/build_fairseq_wheel.py; built once per machine, then cached), installed by pip.
+# - this plugin (editable), and the CUDA kernels when nvcc and a CUDA build of torch are present.
+# Nothing installed is ever edited in place; a read-only environment is refused before any change.
 # A second run finds everything in place and changes nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
+EXTRAS=${EXTRAS:-test tensorboard triton}
 pip_install() { "$PYTHON" -m pip install --disable-pip-version-check --root-user-action=ignore -q "$@"; }
 say() { echo "[setup] $*"; }
+require_writable() {  # called before each install: a shared or read-only environment is left alone
+    "$PYTHON" - <<'PY' && return
+import os, sys, sysconfig; sys.exit(not os.access(sysconfig.get_paths()["purelib"], os.W_OK))
+PY
+    echo "[setup] $("$PYTHON" -c 'import sys; print(sys.prefix)') is not writable (shared or read-only);" \
+        "create your own environment: python -m venv --system-site-packages .venv && . .venv/bin/activate" >&2
+    exit 1
+}
 
 "$PYTHON" - <<'PY' || { echo "[setup] Python >= 3.11 is required" >&2; exit 1; }
 import sys; sys.exit(sys.version_info < (3, 11))
@@ -23,34 +34,38 @@ PY
 if "$PYTHON" -c "import torch" 2>/dev/null; then
     say "torch $("$PYTHON" -c 'import torch; print(torch.__version__, "cuda" if torch.version.cuda else "cpu")') kept as installed"
 else
+    require_writable
     say "installing torch==$TORCH_VERSION"
     pip_install "torch==$TORCH_VERSION"
 fi
 
-# Dependencies from pyproject.toml, except torch (kept above) and fairseq (below, --no-deps).
-mapfile -t DEPS < <("$PYTHON" scripts/project_dependencies.py --exclude torch fairseq --extra test triton)
-missing=$("$PYTHON" scripts/project_dependencies.py --missing --exclude torch fairseq --extra test triton)
+# Dependencies from pyproject.toml, except torch (kept above) and fairseq (built below).
+# shellcheck disable=SC2086  # $EXTRAS is a list of names
+mapfile -t DEPS < <("$PYTHON" scripts/project_dependencies.py --exclude torch fairseq --extra $EXTRAS)
+# shellcheck disable=SC2086
+missing=$("$PYTHON" scripts/project_dependencies.py --missing --exclude torch fairseq --extra $EXTRAS)
 if [ -n "$missing" ]; then
+    require_writable
     say "installing: $missing"
     pip_install "${DEPS[@]}"
 else
     say "dependencies already satisfied"
 fi
 
-if [ "$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("fairseq"))' 2>/dev/null)" != "0.12.2" ]; then
-    # Built in pip's isolated environment on purpose: without torch there, setup.py skips
-    # its C++ extensions, whose sources the 0.12.2 sdist does not ship.
-    say "installing fairseq==0.12.2 (builds from source, about 2 minutes)"
-    pip_install --no-deps fairseq==0.12.2
+FAIRSEQ_VERSION=$("$PYTHON" -m fairseq_plugins.fairseq_fixes version)
+if [ "$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("fairseq"))' 2>/dev/null)" != "$FAIRSEQ_VERSION" ]; then
+    require_writable
+    wheel=$("$PYTHON" scripts/build_fairseq_wheel.py)
+    say "installing fairseq $FAIRSEQ_VERSION ($wheel)"
+    pip_install "$wheel"
 else
-    say "fairseq 0.12.2 already installed"
+    say "fairseq $FAIRSEQ_VERSION already installed"
 fi
 
-"$PYTHON" -m fairseq_plugins.fairseq_fixes apply
-
 if [ "$("$PYTHON" scripts/project_dependencies.py --plugin-location 2>/dev/null)" != "$PWD/fairseq_plugins" ]; then
+    require_writable
     say "installing this plugin in editable mode"
-    pip_install --no-deps -e .
+    pip_install -e .
 else
     say "plugin already installed (editable) from $PWD"
 fi

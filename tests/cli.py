@@ -95,16 +95,21 @@ def tiny_translation_data(tmp_path: Path, n_train: int = 200, max_len: int = 20)
     return binarize(raw, Path(tmp_path) / "data-bin")
 
 
-def train(data_bin: Path, save_dir: Path, arch: str, extra_train_args: Sequence = (), max_update: int = 30):
-    """fairseq-train a tiny model with the plugin loaded; returns the process (log in stdout)."""
-    return run_cli(
-        "fairseq-train", data_bin, "--user-dir", USER_DIR, "--arch", arch, *TINY_MODEL_ARGS,
+def train_args(data_bin: Path, save_dir: Path, arch: str, extra_train_args: Sequence = (), max_update: int = 30):
+    """The fairseq-train arguments of a tiny model with the plugin loaded, on CPU."""
+    return [
+        data_bin, "--user-dir", USER_DIR, "--arch", arch, *TINY_MODEL_ARGS,
         "--optimizer", "adam", "--lr", "0.005", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "10",
         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
         "--max-tokens", "1000", "--max-update", max_update, "--save-dir", save_dir,
         "--no-epoch-checkpoints", "--no-progress-bar", "--log-format", "simple", "--log-interval", "5",
         "--num-workers", "0", "--seed", "1", "--cpu", *extra_train_args,
-    )  # fmt: skip
+    ]  # fmt: skip
+
+
+def train(data_bin: Path, save_dir: Path, arch: str, extra_train_args: Sequence = (), max_update: int = 30):
+    """fairseq-train a tiny model with the plugin loaded; returns the process (log in stdout)."""
+    return run_cli("fairseq-train", *train_args(data_bin, save_dir, arch, extra_train_args, max_update))
 
 
 def generate(data_bin: Path, checkpoint: Path, extra_args: Sequence = ()) -> str:

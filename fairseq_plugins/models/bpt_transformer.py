@@ -32,6 +32,7 @@ from fairseq_plugins.graphs.binary_partition import TreeGraphSpec, causal_step_r
 from fairseq_plugins.models.model_options import (
     PluginTransformerConfig, add_config_args, check_at_least, check_choice, set_default_options,
 )
+from fairseq_plugins.models.plugin_model import PluginModel
 from fairseq_plugins.modules.bpt.graph_self_attention import DecoderStep
 from fairseq_plugins.modules.bpt.graph_transformer_layers import (
     CROSS_ATTENTION_FROM, GraphDecoderLayer, GraphEncoderLayer,
@@ -224,7 +225,7 @@ class GraphTransformerDecoder(TransformerDecoderBase):
 
 
 @register_model("bpt_transformer")
-class BPTTransformerModel(TransformerModel):
+class BPTTransformerModel(PluginModel, TransformerModel):
     """Transformer whose self-attention runs over a binary-partition graph (BPT)."""
 
     graph_kind = "bpt"

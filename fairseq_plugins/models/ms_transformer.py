@@ -34,6 +34,7 @@ from fairseq.modules.transformer_layer import (
 from fairseq_plugins.models.model_options import (
     PluginTransformerConfig, add_config_args, check_at_least, check_choice, set_default_options,
 )
+from fairseq_plugins.models.plugin_model import PluginModel
 from fairseq_plugins.modules.multiscale.multiscale_attention import MultiScaleSelfAttention
 from fairseq_plugins.modules.multiscale.scale_distribution import PAPER_CANDIDATES, layer_scales
 
@@ -181,7 +182,7 @@ class MultiScaleTransformerDecoder(TransformerDecoder):
 
 
 @register_model("ms_transformer")
-class MultiScaleTransformerModel(TransformerModel):
+class MultiScaleTransformerModel(PluginModel, TransformerModel):
     """Transformer with multi-scale multi-head self-attention (one window per head)."""
 
     @classmethod

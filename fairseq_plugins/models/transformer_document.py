@@ -16,6 +16,7 @@ from fairseq.models.transformer import (
     base_architecture,
 )
 
+from fairseq_plugins.models.plugin_model import PluginModel
 from fairseq_plugins.modules.document.sentence_aligned_attention import (
     SentenceAlignedDecoderMixin,
     SourceTokensEncoderMixin,
@@ -31,7 +32,7 @@ class DocumentTransformerDecoder(SentenceAlignedDecoderMixin, TransformerDecoder
 
 
 @register_model("transformer_document")
-class DocumentTransformerModel(TransformerModel):
+class DocumentTransformerModel(PluginModel, TransformerModel):
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
         return DocumentTransformerEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens)

@@ -30,6 +30,7 @@ from fairseq.models.transformer.transformer_legacy import (
 from fairseq.modules import FairseqDropout, LayerNorm, PositionalEmbedding
 
 from fairseq_plugins.models.model_options import PluginTransformerConfig, add_config_args, set_default_options
+from fairseq_plugins.models.plugin_model import PluginModel
 from fairseq_plugins.modules.slowfast.boundary_relative_attention import boundary_band
 from fairseq_plugins.modules.slowfast.cross_granularity_fusion import FUSION_METHODS, build_fusion
 from fairseq_plugins.modules.common.length_groups import length_groups, merge, take
@@ -380,7 +381,7 @@ class SlowFastEncoder(TransformerEncoderBase):
 
 
 @register_model("transformer_slowfast")
-class TransformerSlowFastModel(TransformerModel):
+class TransformerSlowFastModel(PluginModel, TransformerModel):
     """fairseq's transformer with TranSFormer's two-branch encoder."""
 
     @classmethod
