@@ -85,6 +85,18 @@ def prepare_multi30k(raw_dir: Optional[Path], out: Path, bpe_merges: int,
     return prepare("multi30k-en-de", splits, recipe, out, workers=1)
 
 
+def select_entries(entries: List[dict], wanted: Optional[str], key: str, flag: str, parser, config) -> List[dict]:
+    """The config entries whose ``key`` is in the comma-separated ``wanted`` (all when None);
+    an unknown name is a usage error naming the flag and the config."""
+    if not wanted:
+        return entries
+    names = wanted.split(",")
+    unknown = set(names) - {e[key] for e in entries}
+    if unknown:
+        parser.error(f"{flag} {sorted(unknown)} not in {config}")
+    return [e for e in entries if e[key] in names]
+
+
 def cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup")) -> Optional[float]:
     """A container's CPU quota in cores (cgroup v2 ``cpu.max`` or v1 ``cpu.cfs_quota_us``), or
     None when there is none: os.cpu_count() and torch's default thread count do not see it."""
@@ -358,13 +370,7 @@ def main(argv=None) -> List[dict]:
         p.error("--updates must be >= 0 and --minutes positive")
     if not updates and not args.minutes:
         p.error("--updates 0 needs a --minutes budget")
-    entries = cfg["architectures"]
-    if args.archs:
-        wanted = args.archs.split(",")
-        unknown = set(wanted) - {e["arch"] for e in entries}
-        if unknown:
-            p.error(f"--archs {sorted(unknown)} not in {args.config}")
-        entries = [e for e in entries if e["arch"] in wanted]
+    entries = select_entries(cfg["architectures"], args.archs, "arch", "--archs", p, args.config)
     raw_dir = args.raw_dir or (LOCAL_MULTI30K if LOCAL_MULTI30K.is_dir() else None)
     cores = usable_cores()
     threads = args.threads or int(os.environ.get("OMP_NUM_THREADS") or cores)

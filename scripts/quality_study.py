@@ -33,7 +33,7 @@ import yaml
 from tqdm import tqdm
 
 from .config import REPO
-from .demo import prepare_multi30k
+from .demo import prepare_multi30k, select_entries
 from .evaluate import generate, score
 from .train import build_command
 
@@ -238,13 +238,7 @@ def main(argv=None) -> List[dict]:
         for options in [cfg["model"]] + [e.get("model", {}) for e in cfg["models"]]:
             options.update({k: v for k, v in TINY["model"].items() if k in options})  # the sizes each one sets
         limits = {"limit": TINY["train_sentences"], "test_limit": TINY["test_sentences"]}
-    entries = cfg["models"]
-    if args.models:
-        wanted = args.models.split(",")
-        unknown = set(wanted) - {e["key"] for e in entries}
-        if unknown:
-            p.error(f"--models {sorted(unknown)} not in {args.config}")
-        entries = [e for e in entries if e["key"] in wanted]
+    entries = select_entries(cfg["models"], args.models, "key", "--models", p, args.config)
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else cfg["seeds"]
     raw_dir = args.raw_dir if args.raw_dir.is_dir() else None
     data = prepare_multi30k(raw_dir, args.out / "data-bin", cfg["bpe_merges"], **limits)
