@@ -3,6 +3,7 @@ number of updates, several seeds.
 
     python -m scripts.quality_study                          # configs/quality_study.yaml, all rows
     python -m scripts.quality_study --models transformer_postnorm,slowfast_slow_only --seeds 1,2,3
+    python -m scripts.quality_study --models slowfast_slow_only --updates 400,1200   # train on
     python -m scripts.quality_study --tiny --out /tmp/qs     # seconds: the test suite's run
 
 Each (model, seed) trains with fairseq-train (``scripts.train``) to every checkpoint of
@@ -227,6 +228,7 @@ def main(argv=None) -> List[dict]:
     p.add_argument("--raw-dir", type=Path, default=DEFAULT_RAW, help="Multi30K raw files (else download)")
     p.add_argument("--models", help="comma-separated model keys of the config (default: all)")
     p.add_argument("--seeds", help="comma-separated seeds (default: the config's)")
+    p.add_argument("--updates", help="comma-separated checkpoints, in updates (default: the config's)")
     p.add_argument("--parallel", type=int, default=2, help="runs trained side by side")
     p.add_argument("--threads", type=int, default=1, help="threads of each run")
     p.add_argument("--tiny", action="store_true", help="300 pairs, a 32-wide model, 2 and 4 updates, 2 seeds")
@@ -240,6 +242,10 @@ def main(argv=None) -> List[dict]:
         limits = {"limit": TINY["train_sentences"], "test_limit": TINY["test_sentences"]}
     entries = select_entries(cfg["models"], args.models, "key", "--models", p, args.config)
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else cfg["seeds"]
+    if args.updates:
+        cfg["updates"] = [int(u) for u in args.updates.split(",")]
+        if cfg["updates"] != sorted(set(cfg["updates"])) or cfg["updates"][0] < 1:
+            p.error("--updates must be increasing positive numbers")
     raw_dir = args.raw_dir if args.raw_dir.is_dir() else None
     data = prepare_multi30k(raw_dir, args.out / "data-bin", cfg["bpe_merges"], **limits)
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.threads)  # the runs inherit it
