@@ -58,6 +58,10 @@ def load_study(path: Path) -> dict:
         raise ValueError(f"{path}: every model needs a unique key, a name, an arch and a group")
     if cfg["baseline"] not in keys:
         raise ValueError(f"{path}: baseline {cfg['baseline']!r} is not a model key")
+    for c in cfg.get("comparisons", []):
+        if not {"key", "reference", "isolates"} <= set(c) or not {c["key"], c["reference"]} <= set(keys):
+            raise ValueError(f"{path}: comparison {c} needs a key and a reference among the model keys, "
+                             "and what it isolates")
     if list(cfg["updates"]) != sorted(set(cfg["updates"])) or cfg["updates"][0] < 1:
         raise ValueError(f"{path}: updates must be increasing positive numbers")
     return cfg
@@ -160,16 +164,38 @@ def summarize(results: List[dict], baseline: str) -> List[dict]:
     return rows
 
 
-def difference(rows: List[dict], key: str, reference: str, updates: int) -> Optional[dict]:
-    """Mean BLEU of ``key`` minus ``reference`` at ``updates``, with the standard error of
-    the difference of two means (independent seeds); None when either has < 2 seeds."""
+def difference(rows: List[dict], key: str, reference: str, updates: int,
+               measure: str = "sacrebleu") -> Optional[dict]:
+    """Mean ``measure`` (``sacrebleu`` or ``valid_loss``) of ``key`` minus ``reference`` at
+    ``updates``, with the standard error of the difference of two means (independent seeds);
+    None when either has < 2 seeds."""
     pick = {r["key"]: r for r in rows if r["updates"] == updates}
     if key not in pick or reference not in pick:
         return None
-    a, b = pick[key]["sacrebleu"], pick[reference]["sacrebleu"]
-    if a["std"] is None or b["std"] is None:
+    a, b = pick[key][measure], pick[reference][measure]
+    if a is None or b is None or a["std"] is None or b["std"] is None:
         return None
     return {"diff": a["mean"] - b["mean"], "se": math.sqrt(a["std"] ** 2 / a["n"] + b["std"] ** 2 / b["n"])}
+
+
+def comparisons(rows: List[dict], cfg: dict) -> List[str]:
+    """The config's ``comparisons`` (what each pair of rows isolates) as a markdown table of
+    differences of means, at every checkpoint both rows reached."""
+    out = []
+    for c in cfg.get("comparisons", []):
+        for updates in sorted({r["updates"] for r in rows}):
+            bleu = difference(rows, c["key"], c["reference"], updates)
+            loss = difference(rows, c["key"], c["reference"], updates, "valid_loss")
+            if bleu is None:
+                continue
+            loss_text = "-" if loss is None else f"{loss['diff']:+.3f} ± {loss['se']:.3f}"
+            out.append(f"| {c['key']} - {c['reference']} | {c['isolates']} | {updates} | "
+                       f"{bleu['diff']:+.2f} ± {bleu['se']:.2f} | {loss_text} |")
+    if not out:
+        return []
+    return ["", "Differences of means (± standard error of the difference, independent seeds):", "",
+            "| comparison | what it isolates | updates | SacreBLEU | valid loss |",
+            "|---|---|---:|---:|---:|", *out]
 
 
 def _pm(spread: Optional[dict], digits: int = 2) -> str:
@@ -188,6 +214,7 @@ def markdown(rows: List[dict], cfg: dict) -> str:
         scores = ", ".join(f"{s:.2f}" for s in r["scores"])
         out.append(f"| {r['name']} | {r['updates']} | {_pm(r['sacrebleu'])} | {r['seeds']}: {scores} | "
                    f"{_pm(r['valid_loss'], 3)} | {r['params']:,} | {ratio} |")
+    out += comparisons(rows, cfg)
     if rows:
         out += ["", f"baseline of the time ratio: `{cfg['baseline']}` (same seed, same checkpoint); "
                     f"sacrebleu signature: `{rows[0]['signature']}`"]

@@ -44,17 +44,29 @@ def test_summary_statistics_and_time_ratio_by_seed():
     assert rows["m"]["time_ratio"] == 1.5 and rows["m"]["time_ratio_range"] == (1.0, 3.0)
     diff = quality_study.difference(list(rows.values()), "m", "base", 10)
     assert diff["diff"] == pytest.approx(-1.0) and diff["se"] == pytest.approx((4 / 3) ** 0.5)
-    assert "| m | 10 | 11.00 ± 0.00 | [1, 2, 3]: 11.00, 11.00, 11.00 |" in quality_study.markdown(
-        list(rows.values()), {"baseline": "base"})
+    loss = quality_study.difference(list(rows.values()), "m", "base", 10, "valid_loss")
+    assert loss == {"diff": 0.0, "se": 0.0}
+    table = quality_study.markdown(list(rows.values()), {"baseline": "base", "comparisons": [
+        {"key": "m", "reference": "base", "isolates": "the change"},
+        {"key": "m", "reference": "absent", "isolates": "nothing"}]})
+    assert "| m | 10 | 11.00 ± 0.00 | [1, 2, 3]: 11.00, 11.00, 11.00 |" in table
+    assert "| m - base | the change | 10 | -1.00 ± 1.15 | +0.000 ± 0.000 |" in table
+    assert "absent" not in table  # a comparison with a row that did not run is left out
 
 
 def test_the_study_config_is_valid_and_refuses_unknown_baselines(tmp_path):
     cfg = quality_study.load_study(REPO / "configs" / "quality_study.yaml")
     assert cfg["baseline"] == "transformer_postnorm" and len(cfg["seeds"]) >= 3
+    keys = {m["key"] for m in cfg["models"]}
+    assert all({c["key"], c["reference"]} <= keys for c in cfg["comparisons"])
     bad = tmp_path / "bad.yaml"
     bad.write_text((REPO / "configs" / "quality_study.yaml").read_text().replace(
         "baseline: transformer_postnorm", "baseline: nothing"))
     with pytest.raises(ValueError, match="baseline"):
+        quality_study.load_study(bad)
+    bad.write_text((REPO / "configs" / "quality_study.yaml").read_text().replace(
+        "reference: transformer_prenorm", "reference: transformer_nonorm"))
+    with pytest.raises(ValueError, match="comparison"):
         quality_study.load_study(bad)
 
 
