@@ -12,7 +12,7 @@ import torch
 
 pytest.importorskip("triton")
 from fairseq_plugins.graph_attention import graph_attention, triton_plan  # noqa: E402
-from fairseq_plugins.graph_attention import triton_backend  # noqa: E402
+from fairseq_plugins.graph_attention import triton_aot, triton_backend  # noqa: E402
 from fairseq_plugins.graphs.attention_graph import AttentionGraph, TreeLayout  # noqa: E402
 from fairseq_plugins.graphs.binary_partition import (  # noqa: E402
     bpt_graph, node_present, segtree_graph, tree_level_sizes,
@@ -92,9 +92,9 @@ def assert_close(actual, expected, dtype, what):
     assert error <= limit, f"{what}: max error {error:.3g} > {limit:.3g}"
 
 
-def check(graph, lengths, dtype=torch.float32, dropout_p=0.0, plan=None, seed=0):
+def check(graph, lengths, dtype=torch.float32, dropout_p=0.0, plan=None, seed=0, dim=32):
     """Forward and every gradient of the triton backend against the float64 reference."""
-    low, ref, mask = inputs(graph, lengths, dtype, seed=seed)
+    low, ref, mask = inputs(graph, lengths, dtype, dim, seed=seed)
     scale = low[0].size(-1) ** -0.5
     torch.manual_seed(seed)
     if plan is None:
@@ -151,6 +151,76 @@ def test_half_precision_matches_the_reference(name, dtype):
     check(build(), lengths, dtype)
 
 
+class LaunchRecorder:
+    """Stands in for a kernel in ``triton_backend.KERNELS``: records every launch, runs it."""
+
+    def __init__(self, name, launches):
+        self.name, self.kernel, self.launches = name, triton_backend.KERNELS[name], launches
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.append((self.name, args, kwargs))
+            return self.kernel[grid](*args, **kwargs)
+        return launch
+
+
+ARGUMENT_TYPES = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16",
+                  torch.int16: "*i16", torch.int32: "*i32", torch.uint8: "*u8"}
+
+
+def argument_type(value) -> str:
+    if isinstance(value, torch.Tensor):
+        assert value.data_ptr() % 16 == 0, "the binaries are compiled for 16-byte alignment"
+        return ARGUMENT_TYPES[value.dtype]
+    if isinstance(value, float):
+        return "fp32"
+    assert isinstance(value, int) and -2**31 <= value < 2**31
+    return "i32"
+
+
+def test_every_launch_is_a_configuration_of_the_compiled_table(monkeypatch):
+    """Every dtype and head dim, with and without relative keys, padding and dropout: each
+    launch has the constexprs, warps, stages and argument types that ``triton_aot`` compiles
+    (``UPCAST`` aside, the interpreter's bf16 switch), every table entry is launched, and the
+    results match the reference at every tile size of the table."""
+    launches = []
+    for name in list(triton_backend.KERNELS):
+        monkeypatch.setitem(triton_backend.KERNELS, name, LaunchRecorder(name, launches))
+    graph = bpt_graph(17, 2)
+    for dtype in triton_backend.GPU_DTYPES:
+        for dim in triton_backend.HEAD_DIMS:
+            check(graph, [17, 11], dtype, dropout_p=0.2, dim=dim)
+            (q, k, v, _), _, _ = inputs(graph, [17], dtype, dim)
+            graph_attention(q, k, v, graph, backend="triton").sum().backward()
+
+    table = {(c.kernel, c.dtype, c.head_dim, c.dropout): c
+             for c in triton_aot.launched_configurations()}
+    seen = set()
+    for name, args, kwargs in launches:
+        dtype = str(args[0].dtype).replace("torch.", "")
+        constants = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages")}
+        assert constants["UPCAST"] == (dtype == "bfloat16")
+        entry = (name, dtype, constants["D"], constants["DROPOUT"])
+        configuration = table[entry]
+        assert {**constants, "UPCAST": False} == triton_aot.compile_constants(configuration)
+        assert (kwargs["num_warps"], kwargs["num_stages"]) == (configuration.num_warps,
+                                                               configuration.num_stages)
+        types = triton_aot.signature(triton_backend.KERNELS[name].kernel, dtype, constants)
+        names = [n for n in triton_backend.KERNELS[name].kernel.arg_names if n not in constants]
+        assert len(args) == len(names)
+        assert {n: argument_type(a) for n, a in zip(names, args)} == {n: types[n] for n in names}
+        seen.add(entry)
+    assert seen == set(table)
+
+
+def test_the_kernels_of_a_dtype_and_head_dim_share_one_plan():
+    for dtype in triton_backend.GPU_DTYPES:
+        for dim in triton_backend.HEAD_DIMS:
+            shapes = {(c.block_m, c.block_n) for (_, t, d), c in triton_backend.CONFIGS.items()
+                      if (t, d) == (dtype, dim)}
+            assert shapes == {triton_backend.tiles(dtype, dim)}
+
+
 def test_dropout_uses_the_same_mask_forward_and_backward():
     """Split blocks too: one tile per program, so every block of more than one tile is
     merged by log-sum-exp (forward) and fixed-order sums (gradients)."""
@@ -158,7 +228,7 @@ def test_dropout_uses_the_same_mask_forward_and_backward():
     for per_item, dropout_p in ((triton_plan.TILES_PER_ITEM, 0.3), (1, 0.3), (1, 0.0)):
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(triton_plan, "TILES_PER_ITEM", per_item)
-            plan = triton_plan.build_plan(graph, triton_backend.BLOCK_M, triton_backend.BLOCK_N)
+            plan = triton_plan.build_plan(graph, *triton_backend.tiles(torch.float32, 32))
         assert per_item > 1 or plan.query_work.num_parts and plan.key_work.num_parts
         check(graph, [64, 40], dropout_p=dropout_p, plan=plan)
 

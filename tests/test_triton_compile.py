@@ -1,8 +1,10 @@
 """Every configuration the triton backend launches, compiled ahead of time for sm_80 and sm_90a
 (no GPU needed): zero register spills, shared memory within the block limit, tensor cores.
 
-The 36 compiles run in two fresh processes (``triton_aot.compile_all``): about two minutes of
-CPU in all (measured on a shared machine).
+The 108 compiles (``triton_backend.CONFIGS``: 3 kernels x 3 dtypes x 3 head dims, each with
+and without dropout, for 2 targets) run in two fresh processes (``triton_aot.compile_all``):
+about 3 minutes on a shared 2-core machine. ``test_triton_backend`` checks that the backend
+launches exactly these configurations.
 """
 
 import pytest
@@ -19,7 +21,7 @@ def reports():
 
 
 def test_every_launched_configuration_compiles_cleanly_for_sm80_and_sm90a(reports):
-    assert len(reports) == 2 * 3 * 3 * 2  # targets x kernels x head dims x dtypes
+    assert len(reports) == 2 * 3 * 3 * 3 * 2  # targets x kernels x dtypes x head dims x dropout
     bad = [f"{r.configuration} sm_{r.capability}: {'; '.join(r.problems())}"
            for r in reports if r.problems()]
     assert not bad, "\n".join(bad)
@@ -29,6 +31,17 @@ def test_every_launched_configuration_compiles_cleanly_for_sm80_and_sm90a(report
 def test_an_oversized_configuration_fails_the_checks():
     """128 x 64 tiles at head dim 128 on 4 warps: the fp32 accumulators alone need 128
     registers a thread, and ptxas spills (about 700 B)."""
-    configuration = triton_aot.Configuration("forward", "float16", 128, 4, 2)
-    report, = triton_aot.compile_all([(configuration, 90, 128, 64)], workers=1)
+    configuration = triton_aot.Configuration("forward", "float16", 128, 128, 64, 4, 2, False)
+    report, = triton_aot.compile_all([(configuration, 90)], workers=1)
     assert report.spill_stores > 0 and report.problems()
+
+
+def test_fp32_tiles_of_64_rows_must_run_wgmma_on_sm90a():
+    """The tensor-core check asks for the instruction the tile allows: wgmma for 64-row
+    products on sm_90a, on tf32 operands for fp32 (mma.sync below 64 rows and on sm_80)."""
+    wide = triton_aot.Configuration("forward", "float32", 32, 64, 16, 4, 2, False)
+    narrow = triton_aot.Configuration("forward", "float32", 32, 32, 16, 4, 2, False)
+    assert "wgmma" in triton_aot.tensor_core_instruction(wide, 90)
+    assert "tf32" in triton_aot.tensor_core_instruction(wide, 90)
+    assert "mma\\.sync" in triton_aot.tensor_core_instruction(narrow, 90)
+    assert "mma\\.sync" in triton_aot.tensor_core_instruction(wide, 80)

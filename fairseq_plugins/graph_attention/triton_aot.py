@@ -34,7 +34,8 @@ from typing import List, Optional
 
 # capability -> (PTX target name, NVIDIA's maximum shared memory per block in bytes)
 TARGETS = {80: ("sm_80 (A100)", 166912), 90: ("sm_90a (H100)", 232448)}
-TENSOR_CORE_INSTRUCTIONS = {80: "mma.sync", 90: "wgmma.mma_async"}
+OPERAND_TYPES = {"float32": "tf32", "float16": "f16", "bfloat16": "bf16"}  # of the MMA
+WARPGROUP_ROWS = 64  # a wgmma product's rows: smaller tiles run mma.sync on sm_90a too
 REGISTERS_PER_SM = 65536
 MAX_THREADS_PER_SM = 2048
 MAX_BLOCKS_PER_SM = 32
@@ -46,8 +47,11 @@ class Configuration:
     kernel: str  # key of triton_backend.KERNELS
     dtype: str  # torch dtype name
     head_dim: int
+    block_m: int  # the plan's tile (triton_backend.LaunchConfig)
+    block_n: int
     num_warps: int
     num_stages: int
+    dropout: bool  # the DROPOUT constexpr: each configuration is launched with and without
 
 
 @dataclass(frozen=True)
@@ -58,7 +62,7 @@ class CompileReport:
     spill_stores: int
     spill_loads: int
     shared: int  # bytes of shared memory per block
-    tensor_core: bool
+    tensor_core: bool  # the PTX has ``tensor_core_instruction``
 
     def problems(self) -> List[str]:
         """What a GPU would reject or run slowly (empty when the binary is fine)."""
@@ -68,7 +72,8 @@ class CompileReport:
         if self.shared > TARGETS[self.capability][1]:
             found.append(f"shared memory {self.shared} B > {TARGETS[self.capability][1]} B")
         if not self.tensor_core:
-            found.append(f"no {TENSOR_CORE_INSTRUCTIONS[self.capability]} in the PTX")
+            found.append(f"no {tensor_core_instruction(self.configuration, self.capability)} "
+                         "in the PTX")
         return found
 
     @property
@@ -80,42 +85,63 @@ class CompileReport:
         return min(by_registers, by_shared, MAX_THREADS_PER_SM // threads, MAX_BLOCKS_PER_SM)
 
 
+def tensor_core_instruction(configuration: Configuration, capability: int) -> str:
+    """The tensor-core product (a regular expression over the PTX) a configuration must
+    use: ``wgmma.mma_async`` on sm_90a when its products have 64 rows, else ``mma.sync``; on
+    the dtype's operands (tf32 for fp32)."""
+    t = OPERAND_TYPES[configuration.dtype]
+    if capability >= 90 and configuration.block_m >= WARPGROUP_ROWS:
+        return rf"wgmma\.mma_async\.sync\.aligned\.m64n\d+k\d+\.f32\.{t}\.{t}"
+    return rf"mma\.sync\.aligned\.m16n8k\d+\.row\.col\.f32\.{t}\.{t}\.f32"
+
+
 def launched_configurations() -> List[Configuration]:
-    """Every (kernel, dtype, head dim) the backend launches, with its fixed configuration."""
-    from fairseq_plugins.graph_attention.triton_backend import CONFIGS, GPU_DTYPES
+    """Every configuration the backend launches: its ``CONFIGS`` table, entry by entry."""
+    from fairseq_plugins.graph_attention.triton_backend import CONFIGS
 
-    return [Configuration(kernel, str(dtype).replace("torch.", ""), dim, c.num_warps,
-                          c.num_stages)
-            for (kernel, dim), c in CONFIGS.items() for dtype in GPU_DTYPES]
+    return [Configuration(kernel, str(dtype).replace("torch.", ""), dim, c.block_m, c.block_n,
+                          c.num_warps, c.num_stages, dropout)
+            for (kernel, dtype, dim), c in CONFIGS.items() for dropout in (False, True)]
 
 
-def _signature(kernel, dtype: str, constants: dict) -> dict:
-    """Argument types as the backend passes them (with every feature on)."""
+def compile_constants(configuration: Configuration) -> dict:
+    """The constexpr arguments this configuration is compiled with (those of a launch on a
+    GPU, where ``UPCAST`` is off)."""
+    import torch
+
+    from fairseq_plugins.graph_attention import triton_backend
+
+    c = configuration
+    return triton_backend.kernel_constants(
+        c.kernel, getattr(torch, c.dtype), c.head_dim,
+        triton_backend.LaunchConfig(c.block_m, c.block_n, c.num_warps, c.num_stages), c.dropout)
+
+
+def signature(kernel, dtype: str, constants: dict) -> dict:
+    """Argument types as the backend passes them."""
     element = DTYPE_NAMES[dtype]
-    signature = {}
+    types = {}
     for name in kernel.arg_names:
         if name in constants:
-            signature[name] = "constexpr"
+            types[name] = "constexpr"
         elif name in ("q_ptr", "k_ptr", "v_ptr", "out_ptr", "grad_out_ptr"):
-            signature[name] = f"*{element}"
+            types[name] = f"*{element}"
         elif name.endswith("types_ptr"):
-            signature[name] = "*i16"
+            types[name] = "*i16"
         elif name in ("slot_node_ptr", "items_ptr", "tile_start_ptr", "window_start_ptr"):
-            signature[name] = "*i32"
+            types[name] = "*i32"
         elif name == "pad_ptr":
-            signature[name] = "*u8"
+            types[name] = "*u8"
         elif name.endswith("_ptr"):
-            signature[name] = "*fp32"
+            types[name] = "*fp32"
         else:
-            signature[name] = "fp32" if name in ("scale", "dropout_scale") else "i32"
-    return signature
+            types[name] = "fp32" if name in ("scale", "dropout_scale") else "i32"
+    return types
 
 
-def compile_configuration(configuration: Configuration, capability: int,
-                          block_m: Optional[int] = None, block_n: Optional[int] = None
-                          ) -> CompileReport:
+def compile_configuration(configuration: Configuration, capability: int) -> CompileReport:
     """Compile one configuration for ``capability`` in this process (needs the environment
-    that ``compile_all`` sets up) and read its resources; block sizes default to the plan's."""
+    that ``compile_all`` sets up) and read its resources."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -123,15 +149,14 @@ def compile_configuration(configuration: Configuration, capability: int,
     from fairseq_plugins.graph_attention import triton_backend
 
     kernel = triton_backend.KERNELS[configuration.kernel]
-    constants = triton_backend.kernel_constants(configuration.kernel, configuration.head_dim)
-    constants.update({k: v for k, v in (("BLOCK_M", block_m), ("BLOCK_N", block_n)) if v})
-    signature = _signature(kernel, configuration.dtype, constants)
+    constants = compile_constants(configuration)
+    types = signature(kernel, configuration.dtype, constants)
     aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
-               if signature[name].startswith("*")}
+               if types[name].startswith("*")}
     log = io.StringIO()
     with contextlib.redirect_stdout(log):  # TRITON_DUMP_PTXAS_LOG prints ptxas -v here
         compiled = triton.compile(
-            ASTSource(fn=kernel, signature=signature, constexprs=constants, attrs=aligned),
+            ASTSource(fn=kernel, signature=types, constexprs=constants, attrs=aligned),
             target=GPUTarget("cuda", capability, 32),
             options={"num_warps": configuration.num_warps,
                      "num_stages": configuration.num_stages})
@@ -142,7 +167,8 @@ def compile_configuration(configuration: Configuration, capability: int,
         raise RuntimeError(f"no ptxas resource report for {configuration}:\n{report}")
     return CompileReport(configuration, capability, int(registers.group(1)),
                          int(spills.group(1)), int(spills.group(2)), compiled.metadata.shared,
-                         TENSOR_CORE_INSTRUCTIONS[capability] in compiled.asm["ptx"])
+                         re.search(tensor_core_instruction(configuration, capability),
+                                   compiled.asm["ptx"]) is not None)
 
 
 def _compile_in_worker(arguments):
@@ -186,14 +212,17 @@ def main(argv=None):
     args = parser.parse_args(argv)
     jobs = [(c, cc) for cc in args.capabilities for c in launched_configurations()]
     reports = compile_all(jobs, args.workers)
-    print("| target | kernel | dtype | D | warps | stages | registers | spills | shared KiB "
-          "| blocks/SM | tensor cores |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| target | kernel | dtype | D | tile | warps | stages | dropout | registers | spills "
+          "| shared KiB | blocks/SM | tensor cores |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in reports:
         c = r.configuration
+        product = "wgmma" if "wgmma" in tensor_core_instruction(c, r.capability) else "mma.sync"
         print(f"| {TARGETS[r.capability][0]} | {c.kernel} | {c.dtype} | {c.head_dim} "
-              f"| {c.num_warps} | {c.num_stages} | {r.registers} "
+              f"| {c.block_m} x {c.block_n} | {c.num_warps} | {c.num_stages} "
+              f"| {'on' if c.dropout else 'off'} | {r.registers} "
               f"| {r.spill_stores + r.spill_loads} | {r.shared / 1024:.1f} | {r.blocks_per_sm} "
-              f"| {'yes' if r.tensor_core else 'NO'} |")
+              f"| {product if r.tensor_core else 'NO'} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump([asdict(r) for r in reports], f, indent=1)

@@ -28,30 +28,54 @@ from fairseq_plugins.graph_attention.registry import register_backend
 from fairseq_plugins.graph_attention.triton_plan import TilePlan, WorkItems, plan_on
 
 HEAD_DIMS = (32, 64, 128)
-GPU_DTYPES = (torch.float16, torch.bfloat16)  # fp32 tiles spill (see docs/cuda_ext.md)
-INTERPRETER_DTYPES = (torch.float32,) + GPU_DTYPES
+GPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_BATCH_HEADS = 65535  # grid.y
-BLOCK_M, BLOCK_N = 64, 32  # query rows x key columns of a tile; one plan serves every kernel
+# tensor-core input precision of fp32 operands: three tf32 products (the error of a split
+# operand's low part), about fp32 accuracy; fp16/bf16 operands are multiplied exactly
+DOT_PRECISION = {torch.float32: "tf32x3", torch.float16: "ieee", torch.bfloat16: "ieee"}
 
 
 @dataclass(frozen=True)
 class LaunchConfig:
+    """One compiled binary: the plan's tiles (``block_m`` query rows x ``block_n`` key columns;
+    the key kernel runs the transposed tiles), warps and software-pipeline stages."""
+
+    block_m: int
+    block_n: int
     num_warps: int
     num_stages: int
 
 
-# (kernel, head dim) -> launch configuration, the same for fp16 and bf16
-CONFIGS: Dict[Tuple[str, int], LaunchConfig] = {
-    ("forward", 32): LaunchConfig(4, 2),
-    ("forward", 64): LaunchConfig(4, 2),
-    ("forward", 128): LaunchConfig(8, 2),
-    ("backward_query", 32): LaunchConfig(4, 2),
-    ("backward_query", 64): LaunchConfig(4, 2),
-    ("backward_query", 128): LaunchConfig(8, 2),
-    ("backward_key", 32): LaunchConfig(4, 2),
-    ("backward_key", 64): LaunchConfig(4, 2),
-    ("backward_key", 128): LaunchConfig(8, 2),
+# (kernel, head dim) -> configuration, chosen by the limits ``triton_aot`` checks (zero
+# spills, shared memory, tensor cores on sm_80 and sm_90a). The three kernels of a dtype and
+# head dim share one plan, hence one tile size.
+_HALF = {  # fp16 and bf16
+    ("forward", 32): LaunchConfig(64, 32, 4, 2),
+    ("forward", 64): LaunchConfig(64, 32, 4, 2),
+    ("forward", 128): LaunchConfig(64, 32, 8, 2),
+    ("backward_query", 32): LaunchConfig(64, 32, 4, 2),
+    ("backward_query", 64): LaunchConfig(64, 32, 4, 2),
+    ("backward_query", 128): LaunchConfig(64, 32, 8, 2),
+    ("backward_key", 32): LaunchConfig(64, 32, 4, 2),
+    ("backward_key", 64): LaunchConfig(64, 32, 4, 2),
+    ("backward_key", 128): LaunchConfig(64, 32, 8, 2),
 }
+_FP32 = {  # tf32x3 splits every operand in two: twice the registers, so smaller tiles
+    ("forward", 32): LaunchConfig(64, 16, 4, 2),
+    ("forward", 64): LaunchConfig(32, 16, 8, 2),
+    ("forward", 128): LaunchConfig(16, 16, 4, 2),
+    ("backward_query", 32): LaunchConfig(64, 16, 4, 2),
+    ("backward_query", 64): LaunchConfig(32, 16, 8, 1),
+    ("backward_query", 128): LaunchConfig(16, 16, 8, 2),
+    ("backward_key", 32): LaunchConfig(64, 16, 4, 2),
+    ("backward_key", 64): LaunchConfig(32, 16, 4, 1),
+    ("backward_key", 128): LaunchConfig(16, 16, 4, 1),
+}
+# (kernel, dtype, head dim) -> the one configuration launched, each with and without dropout
+CONFIGS: Dict[Tuple[str, torch.dtype, int], LaunchConfig] = {
+    (kernel, dtype, dim): config
+    for dtype, table in ((torch.float32, _FP32), (torch.float16, _HALF), (torch.bfloat16, _HALF))
+    for (kernel, dim), config in table.items()}
 KERNELS = {"forward": triton_kernels.forward_kernel,
            "backward_query": triton_kernels.backward_query_kernel,
            "backward_key": triton_kernels.backward_key_kernel}
@@ -63,29 +87,36 @@ def interpreted() -> bool:
 
 
 def is_available(query: torch.Tensor) -> bool:
-    """fp16/bf16 CUDA tensors (any device and fp32 too, under the interpreter) of a
-    supported head dim."""
-    dtypes = INTERPRETER_DTYPES if interpreted() else GPU_DTYPES
-    return (query.dim() == 4 and query.dtype in dtypes and query.size(-1) in HEAD_DIMS
+    """CUDA tensors (any device under the interpreter) of a dtype and head dim in ``CONFIGS``."""
+    return (query.dim() == 4 and query.dtype in GPU_DTYPES and query.size(-1) in HEAD_DIMS
             and query.size(0) * query.size(1) <= MAX_BATCH_HEADS
             and (query.is_cuda or interpreted()))
 
 
-def kernel_constants(kernel: str, head_dim: int, has_rel=True, has_pad=True, has_dropout=True,
-                     upcast=False) -> dict:
+def tiles(dtype: torch.dtype, head_dim: int) -> Tuple[int, int]:
+    """(block_m, block_n) of the plan that every kernel of this dtype and head dim runs."""
+    config = CONFIGS[("forward", dtype, head_dim)]
+    return config.block_m, config.block_n
+
+
+def kernel_constants(kernel: str, dtype: torch.dtype, head_dim: int, config: LaunchConfig,
+                     dropout: bool, upcast=False) -> dict:
     """The constexpr arguments of a launch (shared with the ahead-of-time compile); the key
-    kernel's tiles are the transposed ones (BLOCK_M keys x BLOCK_N query slots)."""
-    rows, cols = (BLOCK_N, BLOCK_M) if kernel == "backward_key" else (BLOCK_M, BLOCK_N)
-    return dict(D=head_dim, BLOCK_M=rows, BLOCK_N=cols, HAS_REL=has_rel, HAS_PAD=has_pad,
-                HAS_DROPOUT=has_dropout, UPCAST=upcast)
+    kernel's tiles are the transposed ones (block_m keys x block_n query slots)."""
+    rows, cols = config.block_m, config.block_n
+    if kernel == "backward_key":
+        rows, cols = cols, rows
+    return dict(D=head_dim, BLOCK_M=rows, BLOCK_N=cols, PRECISION=DOT_PRECISION[dtype],
+                DROPOUT=dropout, UPCAST=upcast)
 
 
-def _launch(name, grid, dtype, head_dim, flags, *args):
-    config = CONFIGS[(name, head_dim)]
+def _launch(name, grid, dtype, head_dim, dropout, *args):
+    config = CONFIGS[(name, dtype, head_dim)]
     # the interpreter's bf16 tl.dot is wrong (Triton issue 11584): compute those in fp32
     upcast = interpreted() and dtype == torch.bfloat16
-    KERNELS[name][grid](*args, **kernel_constants(name, head_dim, upcast=upcast, **flags),
-                        num_warps=config.num_warps, num_stages=config.num_stages)
+    constants = kernel_constants(name, dtype, head_dim, config, dropout, upcast)
+    KERNELS[name][grid](*args, **constants, num_warps=config.num_warps,
+                        num_stages=config.num_stages)
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
@@ -134,11 +165,12 @@ def _merge_sum(target, parts, plan: TilePlan, work: WorkItems, query_major: bool
 
 
 def _scalars(rel_table, pad, lse, num_nodes, heads, batch_heads, scale, seed, dropout_p):
-    """The trailing kernel arguments shared by the three kernels (unused pointers get lse)."""
+    """The trailing kernel arguments shared by the three kernels (without relative keys,
+    the table's pointer is lse, never read)."""
     num_types = 1 if rel_table is None else rel_table.size(-1)
-    return (lse if rel_table is None else rel_table, lse if pad is None else pad, num_nodes,
-            num_types, heads, batch_heads, float(scale), seed, int(round(dropout_p * 2**24)),
-            1.0 / (1.0 - dropout_p))
+    return (lse if rel_table is None else rel_table, pad, num_nodes, num_types, heads,
+            batch_heads, float(scale), seed, int(round(dropout_p * 2**24)),
+            1.0 / (1.0 - dropout_p), int(rel_table is not None))
 
 
 class TritonGraphAttention(torch.autograd.Function):
@@ -154,26 +186,25 @@ class TritonGraphAttention(torch.autograd.Function):
         rel_table = None
         if rel_key is not None:  # scale * q . rel_key[t] for every row and type
             rel_table = _aligned((q.float() @ rel_key.float().t()).mul_(scale))
-        pad = None
-        if key_padding_mask is not None:
+        if key_padding_mask is None:  # one binary for both: a mask with every key present
+            pad = torch.zeros(bsz, num_nodes, device=device, dtype=torch.uint8)
+        else:
             pad = _aligned(key_padding_mask.to(device=device, dtype=torch.uint8))
         # the dropout seed comes from torch's generator: torch.manual_seed reproduces it
         seed = int(torch.randint(0, 2**31 - 1, ()).item()) if dropout_p > 0 else 0
-        flags = dict(has_rel=rel_table is not None, has_pad=pad is not None,
-                     has_dropout=dropout_p > 0)
         out = torch.empty_like(q)
         lse = torch.empty(bh, num_nodes, device=device)
         work = plan.query_work
         part_out = torch.empty(work.num_parts, bh, plan.block_m, dim, device=device)
         part_lse = torch.empty(work.num_parts, bh, plan.block_m, device=device)
         scalars = _scalars(rel_table, pad, lse, num_nodes, heads, bh, scale, seed, dropout_p)
-        _launch("forward", (work.items.size(0), bh), q.dtype, dim, flags,
+        _launch("forward", (work.items.size(0), bh), q.dtype, dim, dropout_p > 0,
                 q, k, v, out, lse, part_out, part_lse, plan.slot_node, work.items,
                 plan.tile_start, plan.tile_types, *scalars)
         if work.num_parts:
             _merge_forward(out, lse, part_out, part_lse, plan)
         ctx.save_for_backward(q, k, v, out, lse, rel_key, rel_table, pad)
-        ctx.plan, ctx.scale, ctx.dropout_p, ctx.seed, ctx.flags = plan, scale, dropout_p, seed, flags
+        ctx.plan, ctx.scale, ctx.dropout_p, ctx.seed = plan, scale, dropout_p, seed
         ctx.shape = query.shape
         return out.view(query.shape)
 
@@ -181,7 +212,7 @@ class TritonGraphAttention(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out):
         q, k, v, out, lse, rel_key, rel_table, pad = ctx.saved_tensors
-        plan, flags = ctx.plan, ctx.flags
+        plan = ctx.plan
         bsz, heads, num_nodes, dim = ctx.shape
         bh, device = bsz * heads, q.device
         grad_out = _aligned(grad_out.reshape(bh, num_nodes, dim))
@@ -193,7 +224,7 @@ class TritonGraphAttention(torch.autograd.Function):
         grad_q = torch.empty(bh, num_nodes, dim, device=device)
         part_grad_q = torch.empty(work.num_parts, bh, plan.block_m, dim, device=device)
         grad_rows = lse if rel_table is None else torch.zeros_like(rel_table)
-        _launch("backward_query", (work.items.size(0), bh), q.dtype, dim, flags,
+        _launch("backward_query", (work.items.size(0), bh), q.dtype, dim, ctx.dropout_p > 0,
                 q, k, v, grad_out, lse, delta, grad_q, part_grad_q, grad_rows, plan.slot_node,
                 work.items, plan.tile_start, plan.tile_types, *scalars)
         if work.num_parts:
@@ -203,7 +234,7 @@ class TritonGraphAttention(torch.autograd.Function):
         grad_k, grad_v = (torch.empty(bh, num_nodes, dim, device=device) for _ in range(2))
         part_grad_k, part_grad_v = (torch.empty(work.num_parts, bh, plan.block_m, dim,
                                                 device=device) for _ in range(2))
-        _launch("backward_key", (work.items.size(0), bh), q.dtype, dim, flags,
+        _launch("backward_key", (work.items.size(0), bh), q.dtype, dim, ctx.dropout_p > 0,
                 q, k, v, grad_out, lse, delta, grad_k, grad_v, part_grad_k, part_grad_v,
                 plan.slot_node, plan.slot_node.numel(), work.items, plan.window_start,
                 plan.window_types, *scalars)
@@ -234,7 +265,7 @@ def triton_graph_attention(query, key, value, graph, rel_key=None, key_padding_m
         scale = query.size(-1) ** -0.5
     if graph.num_edges == 0:  # no row has a key
         return torch.zeros_like(query)
-    plan = plan_on(graph, BLOCK_M, BLOCK_N, query.device)
+    plan = plan_on(graph, *tiles(query.dtype, query.size(-1)), query.device)
     return TritonGraphAttention.apply(query, key, value, rel_key, key_padding_mask, plan,
                                       float(scale), float(dropout_p))
 

@@ -17,9 +17,12 @@ import triton
 import triton.language as tl
 
 # scalars are never specialised (on divisibility by 16 or on being 1), so that the binaries
-# launched are exactly those that ``triton_aot`` compiles ahead of time
+# launched are exactly those that ``triton_aot`` compiles ahead of time. Relative keys are a
+# runtime flag (it masks the gather and the atomics; a branch would cost registers), padding
+# is always read (an all-present mask without one); only dropout is a constexpr (a branch
+# around the hash costs about 40 registers), so each configuration has two binaries.
 SCALARS = ["num_nodes", "num_types", "heads", "num_batch_heads", "scale", "seed",
-           "dropout_threshold", "dropout_scale"]
+           "dropout_threshold", "dropout_scale", "has_rel"]
 
 
 @triton.jit
@@ -41,28 +44,35 @@ def _keep(seed, bh, query_node, key_node, num_nodes, threshold):
 
 
 @triton.jit
-def _tile_scores(q, k, types, key_ok, rel_base, query_node, num_types, scale,
-                 HAS_REL: tl.constexpr):
+def _flag(mask, flag):
+    """``mask`` where the runtime ``flag`` is set, else all false (a splat of the flag: the
+    interpreter rejects a mask broadcast from a scalar)."""
+    return mask & (tl.full(mask.shape, flag, tl.int32) != 0)
+
+
+@triton.jit
+def _tile_scores(q, k, types, key_ok, rel_base, query_node, num_types, scale, has_rel,
+                 PRECISION: tl.constexpr):
     """Scores of one tile (fp32, -inf off the graph or on an absent key) and the edge mask.
 
     ``q`` is [rows, D] and ``k`` [cols, D]; ``types`` [rows, cols] (-1 = no edge);
     ``key_ok`` (present keys) and ``query_node`` broadcast to it."""
     valid = (types >= 0) & key_ok
-    s = tl.dot(q, tl.trans(k)) * scale
-    if HAS_REL:  # gathered from the [N, T] table of scale * q . rel_key[t]
-        s += tl.load(rel_base + query_node * num_types + types, mask=valid, other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+    # gathered from the [N, T] table of scale * q . rel_key[t]; a masked load rather than a
+    # branch, which costs registers (a predicated-off load reads no memory)
+    s += tl.load(rel_base + query_node * num_types + types, mask=_flag(valid, has_rel),
+                 other=0.0)
     return tl.where(valid, s, float("-inf")), valid
 
 
 @triton.jit
-def _key_ok(pad_ptr, bh, heads, key_node, num_nodes, HAS_PAD: tl.constexpr):
+def _key_ok(pad_ptr, bh, heads, key_node, num_nodes):
     """Keys that exist and are present in this sentence ([len(key_node)] bool)."""
     ok = key_node < num_nodes
-    if HAS_PAD:
-        absent = tl.load(pad_ptr + (bh // heads).to(tl.int64) * num_nodes + key_node,
-                         mask=ok, other=1)
-        ok = ok & (absent == 0)
-    return ok
+    absent = tl.load(pad_ptr + (bh // heads).to(tl.int64) * num_nodes + key_node, mask=ok,
+                     other=1)
+    return ok & (absent == 0)
 
 
 @triton.jit
@@ -84,17 +94,17 @@ def _query_rows(slot_node_ptr, block, BLOCK_M: tl.constexpr):
 
 @triton.jit
 def _forward_tile(q, query_node, tile_start_ptr, tile, types_ptr, k_base, rel_base, pad_ptr, bh,
-                  heads, num_nodes, num_types, scale, D: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr, HAS_REL: tl.constexpr, HAS_PAD: tl.constexpr,
+                  heads, num_nodes, num_types, scale, has_rel, D: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
                   UPCAST: tl.constexpr):
     """(key nodes, keys, types, scores, edge mask) of one tile of a query block."""
     cols = tl.arange(0, BLOCK_N)
     key_node = tl.load(tile_start_ptr + tile) + cols
-    key_ok = _key_ok(pad_ptr, bh, heads, key_node, num_nodes, HAS_PAD)
+    key_ok = _key_ok(pad_ptr, bh, heads, key_node, num_nodes)
     k = _load_rows(k_base, key_node, key_node < num_nodes, D, UPCAST)
     types = tl.load(types_ptr + tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + cols[None, :])
     s, valid = _tile_scores(q, k, types, key_ok[None, :], rel_base, query_node[:, None],
-                            num_types, scale, HAS_REL)
+                            num_types, scale, has_rel, PRECISION)
     return key_node, k, types, s, valid
 
 
@@ -110,9 +120,8 @@ def forward_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr,
     slot_node_ptr, items_ptr, tile_start_ptr, tile_types_ptr, rel_ptr, pad_ptr,
     num_nodes, num_types, heads, num_batch_heads, scale, seed, dropout_threshold, dropout_scale,
-    D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_REL: tl.constexpr, HAS_PAD: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    UPCAST: tl.constexpr,
+    has_rel, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr, DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Output and log-sum-exp of one query block (or of a part of its tiles)."""
     block, first_tile, end_tile, part = _item(items_ptr)
@@ -130,19 +139,20 @@ def forward_kernel(
     for tile in range(first_tile, end_tile):
         key_node, k, types, s, valid = _forward_tile(
             q, query_node, tile_start_ptr, tile, types_ptr, k_ptr + matrix, rel_base, pad_ptr,
-            bh, heads, num_nodes, num_types, scale, D, BLOCK_M, BLOCK_N, HAS_REL, HAS_PAD, UPCAST)
+            bh, heads, num_nodes, num_types, scale, has_rel, D, BLOCK_M, BLOCK_N, PRECISION,
+            UPCAST)
         types_ptr += BLOCK_M * BLOCK_N
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row without keys so far
         p = tl.exp(s - m_safe[:, None])
         alpha = tl.exp(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        if HAS_DROPOUT:
+        if DROPOUT:
             keep = _keep(seed, bh, query_node[:, None], key_node[None, :], num_nodes,
                          dropout_threshold)
             p = tl.where(keep, p * dropout_scale, 0.0)
         v = _load_rows(v_ptr + matrix, key_node, key_node < num_nodes, D, UPCAST)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
     has_key = l_i > 0
@@ -165,11 +175,10 @@ def backward_query_kernel(
     q_ptr, k_ptr, v_ptr, grad_out_ptr, lse_ptr, delta_ptr, grad_q_ptr, part_grad_q_ptr,
     grad_rel_ptr, slot_node_ptr, items_ptr, tile_start_ptr, tile_types_ptr, rel_ptr, pad_ptr,
     num_nodes, num_types, heads, num_batch_heads, scale, seed, dropout_threshold, dropout_scale,
-    D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_REL: tl.constexpr, HAS_PAD: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    UPCAST: tl.constexpr,
+    has_rel, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr, DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """dQ (fp32, without the relative-key term) of one query block or part; with HAS_REL,
+    """dQ (fp32, without the relative-key term) of one query block or part; with has_rel,
     d(score) summed per (row, edge type) into grad_rel [BH, N, T] (atomics)."""
     block, first_tile, end_tile, part = _item(items_ptr)
     bh = tl.program_id(1)
@@ -189,20 +198,20 @@ def backward_query_kernel(
     for tile in range(first_tile, end_tile):
         key_node, k, types, s, valid = _forward_tile(
             q, query_node, tile_start_ptr, tile, types_ptr, k_ptr + matrix, rel_base, pad_ptr,
-            bh, heads, num_nodes, num_types, scale, D, BLOCK_M, BLOCK_N, HAS_REL, HAS_PAD, UPCAST)
+            bh, heads, num_nodes, num_types, scale, has_rel, D, BLOCK_M, BLOCK_N, PRECISION,
+            UPCAST)
         types_ptr += BLOCK_M * BLOCK_N
         v = _load_rows(v_ptr + matrix, key_node, key_node < num_nodes, D, UPCAST)
         p = tl.exp(s - lse[:, None])
-        grad_p = tl.dot(grad_out, tl.trans(v))
-        if HAS_DROPOUT:
+        grad_p = tl.dot(grad_out, tl.trans(v), input_precision=PRECISION)
+        if DROPOUT:
             keep = _keep(seed, bh, query_node[:, None], key_node[None, :], num_nodes,
                          dropout_threshold)
             grad_p = tl.where(keep, grad_p * dropout_scale, 0.0)
         grad_s = p * (grad_p - delta[:, None])
-        grad_q += tl.dot(grad_s.to(k.dtype), k)
-        if HAS_REL:
-            tl.atomic_add(grad_rel_base + query_node[:, None] * num_types + types, grad_s,
-                          mask=valid & row_present[:, None], sem="relaxed")
+        grad_q += tl.dot(grad_s.to(k.dtype), k, input_precision=PRECISION)
+        tl.atomic_add(grad_rel_base + query_node[:, None] * num_types + types, grad_s,
+                      mask=_flag(valid & row_present[:, None], has_rel), sem="relaxed")
 
     grad_q *= scale
     d = tl.arange(0, D)
@@ -220,9 +229,8 @@ def backward_key_kernel(
     part_grad_k_ptr, part_grad_v_ptr, slot_node_ptr, num_slots, items_ptr, window_start_ptr,
     window_types_ptr, rel_ptr, pad_ptr,
     num_nodes, num_types, heads, num_batch_heads, scale, seed, dropout_threshold, dropout_scale,
-    D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_REL: tl.constexpr, HAS_PAD: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    UPCAST: tl.constexpr,
+    has_rel, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr, DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """dK, dV (fp32) of one aligned block of BLOCK_N key nodes (or a part of its windows of
     BLOCK_M query slots): the transposed tiles, so that every product has BLOCK_N rows."""
@@ -234,7 +242,7 @@ def backward_key_kernel(
     rows = tl.arange(0, BLOCK_M)
     key_node = block * BLOCK_N + keys
     key_exists = key_node < num_nodes
-    key_ok = _key_ok(pad_ptr, bh, heads, key_node, num_nodes, HAS_PAD)
+    key_ok = _key_ok(pad_ptr, bh, heads, key_node, num_nodes)
     k = _load_rows(k_ptr + matrix, key_node, key_exists, D, UPCAST)
     v = _load_rows(v_ptr + matrix, key_node, key_exists, D, UPCAST)
     rel_base = rel_ptr + vector * num_types
@@ -255,18 +263,18 @@ def backward_key_kernel(
         types_ptr += BLOCK_M * BLOCK_N
         # transposed tile: [keys, query rows]
         s, valid = _tile_scores(k, q, types, key_ok[:, None], rel_base, query_node[None, :],
-                                num_types, scale, HAS_REL)
+                                num_types, scale, has_rel, PRECISION)
         p = tl.exp(s - lse[None, :])
-        grad_p = tl.dot(v, tl.trans(grad_out))
+        grad_p = tl.dot(v, tl.trans(grad_out), input_precision=PRECISION)
         p_dropped = p
-        if HAS_DROPOUT:
+        if DROPOUT:
             keep = _keep(seed, bh, query_node[None, :], key_node[:, None], num_nodes,
                          dropout_threshold)
             p_dropped = tl.where(keep, p * dropout_scale, 0.0)
             grad_p = tl.where(keep, grad_p * dropout_scale, 0.0)
-        grad_v += tl.dot(p_dropped.to(grad_out.dtype), grad_out)
+        grad_v += tl.dot(p_dropped.to(grad_out.dtype), grad_out, input_precision=PRECISION)
         grad_s = p * (grad_p - delta[None, :])
-        grad_k += tl.dot(grad_s.to(q.dtype), q)
+        grad_k += tl.dot(grad_s.to(q.dtype), q, input_precision=PRECISION)
 
     grad_k *= scale
     d = tl.arange(0, D)
