@@ -35,13 +35,3 @@ def test_an_oversized_configuration_fails_the_checks():
     report, = triton_aot.compile_all([(configuration, 90)], workers=1)
     assert report.spill_stores > 0 and report.problems()
 
-
-def test_fp32_tiles_of_64_rows_must_run_wgmma_on_sm90a():
-    """The tensor-core check asks for the instruction the tile allows: wgmma for 64-row
-    products on sm_90a, on tf32 operands for fp32 (mma.sync below 64 rows and on sm_80)."""
-    wide = triton_aot.Configuration("forward", "float32", 32, 64, 16, 4, 2, False)
-    narrow = triton_aot.Configuration("forward", "float32", 32, 32, 16, 4, 2, False)
-    assert "wgmma" in triton_aot.tensor_core_instruction(wide, 90)
-    assert "tf32" in triton_aot.tensor_core_instruction(wide, 90)
-    assert "mma\\.sync" in triton_aot.tensor_core_instruction(narrow, 90)
-    assert "mma\\.sync" in triton_aot.tensor_core_instruction(wide, 80)
