@@ -39,7 +39,8 @@ from fairseq_plugins.graph_attention.triton_plan import build_plan  # noqa: E402
 from fairseq_plugins.graphs.binary_partition import bpt_graph  # noqa: E402
 
 PEAK_FLOPS = 989e12  # H100 SXM dense bf16 tensor cores
-TRITON_PEAK_FLOPS = {torch.bfloat16: PEAK_FLOPS, torch.float32: 494.7e12 / 3}  # tf32x3: 3 products
+# fp32: tf32x3, three tf32 products at 494.7 TFLOP/s
+TRITON_PEAK_FLOPS = {torch.bfloat16: PEAK_FLOPS, torch.float32: 494.7e12 / 3}
 HBM_BYTES_PER_S = 3.35e12
 SMS = 132
 ELEMENT = 2  # bf16 bytes

@@ -2,14 +2,15 @@
 
 The interpreter proves the arithmetic but never compiles a kernel: one that spills registers,
 overflows shared memory or misses the tensor cores passes it. Triton compiles for an explicit
-target on any machine, so every configuration the backend launches (kernel x dtype x head dim,
-with its ``CONFIGS`` entry, every feature on) is compiled here for sm_80 and sm_90a and
-checked against what a GPU would reject or run slowly:
+target on any machine, so every binary the backend launches (each ``CONFIGS`` entry, with
+and without dropout) is compiled here for sm_80 and sm_90a and checked against what a GPU
+would reject or run slowly:
 
 * zero spill stores and loads in the ptxas report of the shipped binary (register counts
   alone mislead: a badly spilling kernel can report few registers);
 * ``metadata.shared`` within the target's per-block limit (Triton checks it only at load);
-* tensor-core instructions in the PTX (``wgmma.mma_async`` on sm_90a, ``mma.sync`` on sm_80).
+* the tensor-core product on the dtype's operands in the PTX (``wgmma.mma_async`` on sm_90a
+  for 64-row tiles, ``mma.sync`` for smaller ones and on sm_80).
 
 Pointers are compiled as 16-byte aligned (the backend guarantees it) and scalars are never
 specialised (``triton_kernels.SCALARS``), so these are the binaries a launch builds.

@@ -30,8 +30,8 @@ from fairseq_plugins.graph_attention.triton_plan import TilePlan, WorkItems, pla
 HEAD_DIMS = (32, 64, 128)
 GPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_BATCH_HEADS = 65535  # grid.y
-# tensor-core input precision of fp32 operands: three tf32 products (the error of a split
-# operand's low part), about fp32 accuracy; fp16/bf16 operands are multiplied exactly
+# tensor-core input precision: fp32 operands are split into a high and a low tf32 part and
+# multiplied in three tf32 products (about fp32 accuracy); fp16/bf16 operands are exact
 DOT_PRECISION = {torch.float32: "tf32x3", torch.float16: "ieee", torch.bfloat16: "ieee"}
 
 
@@ -60,7 +60,7 @@ _HALF = {  # fp16 and bf16
     ("backward_key", 64): LaunchConfig(64, 32, 4, 2),
     ("backward_key", 128): LaunchConfig(64, 32, 8, 2),
 }
-_FP32 = {  # tf32x3 splits every operand in two: twice the registers, so smaller tiles
+_FP32 = {  # 4-byte operands, split again by tf32x3: smaller tiles (larger ones spill)
     ("forward", 32): LaunchConfig(64, 16, 4, 2),
     ("forward", 64): LaunchConfig(32, 16, 8, 2),
     ("forward", 128): LaunchConfig(16, 16, 4, 2),

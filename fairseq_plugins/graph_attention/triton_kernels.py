@@ -4,12 +4,15 @@ The plan (``triton_plan``) cuts the graph's query rows, in tree order, into bloc
 ``BLOCK_M`` slots and gives each block a few key tiles: ``BLOCK_N`` consecutive key nodes
 starting anywhere, with an int16 tile of edge types (-1 = no edge). The key-major side of the
 backward has the transposed tiles: aligned blocks of ``BLOCK_N`` keys (its constexprs are
-swapped: 64 keys), each with windows of ``BLOCK_M`` consecutive query slots. A work item is one block and a range of its tiles; an item whose
-block is split across programs writes a partial result that ``triton_backend`` merges.
+swapped, so that both sides' products have the plan's block_m rows), each with windows of
+``BLOCK_M`` consecutive query slots. A work item is one block and a range of its tiles; an
+item whose block is split across programs writes a partial result that ``triton_backend``
+merges.
 
 Every kernel runs one (work item, batch x head) per program. Scores and softmax statistics
-are fp32; ``UPCAST`` casts the loaded operands to fp32 (the interpreter's bf16 ``tl.dot`` is
-wrong, Triton issue 11584). Dropout keeps an edge when a hash of (seed, batch x head, query
+are fp32; every product has the input precision ``PRECISION`` (tf32x3 for fp32 operands);
+``UPCAST`` casts the loaded operands to fp32 (the interpreter's bf16 ``tl.dot`` is wrong,
+Triton issue 11584). Dropout keeps an edge when a hash of (seed, batch x head, query
 node, key node) passes a threshold, so the backward regenerates the same mask in any order.
 """
 

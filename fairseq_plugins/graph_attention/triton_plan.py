@@ -13,8 +13,8 @@ enough tiles in three steps:
   every (row, column), -1 where there is no edge. A BPT level's band is one or two tiles.
 * key windows (key-major backward), the transposed tiles: each aligned block of ``BLOCK_M``
   key nodes covers the query slots that read it with the fewest windows of ``BLOCK_N``
-  consecutive slots (so that the products of both sides have ``BLOCK_M`` = 64 rows, the
-  height of an sm_90 warpgroup MMA).
+  consecutive slots (so that the products of both sides have ``BLOCK_M`` rows: 64 for
+  fp16/bf16, the height of an sm_90 warpgroup MMA).
 
 Work items are (block, tile range, part): blocks with more than ``TILES_PER_ITEM`` tiles are
 split into parts (the root reads every token), merged after the kernel by log-sum-exp
