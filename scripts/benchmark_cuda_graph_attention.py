@@ -9,7 +9,7 @@ measures forward+backward time and peak memory of
           (FlashAttention on recent GPUs); independent of k;
 * flex:   graph attention over the BPT graph (~2n nodes) with the "flex" backend (compiled);
 * cuda:   the same with the fused kernels of cuda_ext/ ("cuda" backend);
-* triton: the same with the Triton band kernels ("triton" backend; fp16/bf16);
+* triton: the same with the Triton band kernels ("triton" backend);
 
 and writes benchmarks/cuda_graph_attention.{json,md,png}: the table with each graph backend's
 ratio against dense measured in the same run, the GPU model and versions. Needs a CUDA GPU;
