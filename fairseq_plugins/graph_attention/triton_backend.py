@@ -10,9 +10,11 @@ its gradient, summed per (row, type) in the dQ kernel, becomes d rel_key and the
 through two GEMMs. dQ, dK and dV use no atomics and are bitwise reproducible; the per-(row,
 type) sums use fp32 atomics, so d rel_key may differ in the last bits between runs.
 
-Launch configurations are fixed in ``CONFIGS``: no autotuning is possible without a GPU, so
-they are chosen by the static limits that ``triton_aot`` checks for sm_80 and sm_90a (zero
-spills, shared memory within the block limit, tensor-core instructions). On CPU the kernels
+Launch configurations are fixed in ``CONFIGS``, per kernel, dtype and head dim: no
+autotuning is possible without a GPU, so they are chosen by the static limits that
+``triton_aot`` checks for sm_80 and sm_90a (zero spills, shared memory within the block
+limit, tensor-core instructions). fp32 operands are multiplied in tf32x3 (``DOT_PRECISION``),
+which needs smaller tiles than fp16/bf16. On CPU the kernels
 run under ``TRITON_INTERPRET=1`` (the tests).
 """
 
