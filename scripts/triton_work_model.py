@@ -34,7 +34,7 @@ from fairseq_plugins.graph_attention import triton_aot  # noqa: E402
 from fairseq_plugins.graph_attention.flex_backend import graph_blocks  # noqa: E402
 import torch  # noqa: E402
 
-from fairseq_plugins.graph_attention.triton_backend import CONFIGS, tiles  # noqa: E402
+from fairseq_plugins.graph_attention.triton_backend import tiles  # noqa: E402
 from fairseq_plugins.graph_attention.triton_plan import build_plan  # noqa: E402
 from fairseq_plugins.graphs.binary_partition import bpt_graph  # noqa: E402
 

@@ -31,7 +31,7 @@ import sys
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import List, Optional
+from typing import List
 
 # capability -> (PTX target name, NVIDIA's maximum shared memory per block in bytes)
 TARGETS = {80: ("sm_80 (A100)", 166912), 90: ("sm_90a (H100)", 232448)}
