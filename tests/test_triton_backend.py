@@ -221,16 +221,18 @@ def test_the_kernels_of_a_dtype_and_head_dim_share_one_plan():
             assert shapes == {triton_backend.tiles(dtype, dim)}
 
 
-def test_dropout_uses_the_same_mask_forward_and_backward():
+@pytest.mark.parametrize("dim", [32, 128])
+def test_dropout_uses_the_same_mask_forward_and_backward(dim):
     """Split blocks too: one tile per program, so every block of more than one tile is
-    merged by log-sum-exp (forward) and fixed-order sums (gradients)."""
+    merged by log-sum-exp (forward) and fixed-order sums (gradients); fp32 at head dims 32
+    and 128, the largest and the smallest tiles of the table."""
     graph = bpt_graph(64, 2)
     for per_item, dropout_p in ((triton_plan.TILES_PER_ITEM, 0.3), (1, 0.3), (1, 0.0)):
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(triton_plan, "TILES_PER_ITEM", per_item)
-            plan = triton_plan.build_plan(graph, *triton_backend.tiles(torch.float32, 32))
+            plan = triton_plan.build_plan(graph, *triton_backend.tiles(torch.float32, dim))
         assert per_item > 1 or plan.query_work.num_parts and plan.key_work.num_parts
-        check(graph, [64, 40], dropout_p=dropout_p, plan=plan)
+        check(graph, [64, 40], dropout_p=dropout_p, plan=plan, dim=dim)
 
 
 def test_dropout_keeps_about_one_minus_p():
@@ -249,33 +251,40 @@ def test_rows_without_present_keys_are_zero_with_zero_gradients():
     assert q.grad[1].abs().max() == 0 and k.grad[1].abs().max() == 0
 
 
-def test_plan_tiles_and_windows_hold_exactly_the_edges():
+TILE_SIZES = sorted({triton_backend.tiles(t, d) for t in triton_backend.GPU_DTYPES
+                     for d in triton_backend.HEAD_DIMS})
+
+
+@pytest.mark.parametrize("m, n", TILE_SIZES, ids=[f"{m}x{n}" for m, n in TILE_SIZES])
+def test_plan_tiles_and_windows_hold_exactly_the_edges(m, n):
+    """Every tile size of the table; the key side has m keys x n query slots."""
     for graph in (bpt_graph(300, 4), segtree_graph(100, causal=True), random_tree_graph(50, 9)):
-        plan = triton_plan.build_plan(graph, 64, 32)  # key side: 64 keys x 32 query slots
-        n, expected = graph.num_nodes, torch.full((graph.num_nodes, graph.num_nodes + 64), -1)
+        plan = triton_plan.build_plan(graph, m, n)
+        nodes_n = graph.num_nodes
+        expected = torch.full((nodes_n, nodes_n + max(m, n)), -1)
         expected[graph.rows(), graph.indices] = graph.edge_type
         found = torch.full_like(expected, -1)
         for block, first, end, _ in plan.query_work.items.tolist():
-            nodes = plan.slot_node[block * 64:(block + 1) * 64].long()
+            nodes = plan.slot_node[block * m:(block + 1) * m].long()
             for tile in range(first, end):
                 start = int(plan.tile_start[tile])
                 types = plan.tile_types[tile].long()[nodes >= 0]
-                seen = found[nodes[nodes >= 0], start:start + 32]
+                seen = found[nodes[nodes >= 0], start:start + n]
                 assert bool((seen[types >= 0] == -1).all()), "an edge in two tiles"
-                found[nodes[nodes >= 0], start:start + 32] = torch.where(types >= 0, types, seen)
+                found[nodes[nodes >= 0], start:start + n] = torch.where(types >= 0, types, seen)
         assert torch.equal(found, expected)
         transposed = torch.full_like(expected, -1)
-        slots = torch.cat([plan.slot_node.long(), torch.full((32,), -1)])
+        slots = torch.cat([plan.slot_node.long(), torch.full((n,), -1)])
         for block, first, end, _ in plan.key_work.items.tolist():
-            keys = torch.arange(block * 64, block * 64 + 64)
+            keys = torch.arange(block * m, block * m + m)
             for window in range(first, end):
-                nodes = slots[int(plan.window_start[window]):][:32]
+                nodes = slots[int(plan.window_start[window]):][:n]
                 types = plan.window_types[window].long().t()  # [query rows, keys]
                 rows = nodes >= 0
                 seen = transposed[nodes[rows][:, None], keys[None, :]]
                 transposed[nodes[rows][:, None], keys[None, :]] = torch.where(
                     types[rows] >= 0, types[rows], seen)
-        assert torch.equal(transposed[:, :n], expected[:, :n])
+        assert torch.equal(transposed[:, :nodes_n], expected[:, :nodes_n])
 
 
 def test_bad_inputs_raise():
