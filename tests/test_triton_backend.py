@@ -75,26 +75,30 @@ def dense_reference(q, k, v, graph, rel_key, key_padding_mask, scale, keep=None,
     return probs @ v
 
 
-def inputs(graph, lengths, dtype, dim=32, heads=1, seed=0):
-    """(q, k, v, rel_key) in ``dtype`` and float64 copies of the same values, and the mask."""
+def inputs(graph, lengths, dtype, dim=32, heads=1, seed=0, device="cpu"):
+    """(q, k, v, rel_key) in ``dtype`` on ``device``, float64 CPU copies of the same values,
+    and the mask (on ``device``)."""
     gen = torch.Generator().manual_seed(seed)
     shape = (len(lengths), heads, graph.num_nodes, dim)
     low = [torch.randn(shape, generator=gen).to(dtype) for _ in range(3)]
     low.append((0.5 * torch.randn(graph.num_edge_types, dim, generator=gen)).to(dtype))
     mask = ~node_present(torch.tensor(lengths), graph.tree.num_tokens)
-    return ([x.requires_grad_() for x in low],
-            [x.detach().double().requires_grad_() for x in low], mask)
+    return ([x.to(device).requires_grad_() for x in low],
+            [x.detach().double().requires_grad_() for x in low], mask.to(device))
 
 
-def assert_close(actual, expected, dtype, what):
-    error = (actual.double() - expected).abs().max().item()
-    limit = TOLERANCE[dtype] * max(expected.abs().max().item(), 1.0)
+def assert_close(actual, expected, dtype, what, tolerance=None):
+    error = (actual.double().cpu() - expected).abs().max().item()
+    limit = (tolerance or TOLERANCE)[dtype] * max(expected.abs().max().item(), 1.0)
     assert error <= limit, f"{what}: max error {error:.3g} > {limit:.3g}"
 
 
-def check(graph, lengths, dtype=torch.float32, dropout_p=0.0, plan=None, seed=0, dim=32):
-    """Forward and every gradient of the triton backend against the float64 reference."""
-    low, ref, mask = inputs(graph, lengths, dtype, dim, seed=seed)
+def check(graph, lengths, dtype=torch.float32, dropout_p=0.0, plan=None, seed=0, dim=32,
+          device="cpu", tolerance=None):
+    """Forward and every gradient of the triton backend against the float64 reference (on
+    the CPU, whatever ``device`` the backend runs on)."""
+    low, ref, mask = inputs(graph, lengths, dtype, dim, seed=seed, device=device)
+    mask_cpu = mask.cpu()
     scale = low[0].size(-1) ** -0.5
     torch.manual_seed(seed)
     if plan is None:
@@ -109,15 +113,15 @@ def check(graph, lengths, dtype=torch.float32, dropout_p=0.0, plan=None, seed=0,
         keep = keep_mask(kernel_seed, low[0].size(0) * low[0].size(1), graph.num_nodes,
                          dropout_p)
     if dropout_p > 0:
-        expected = dense_reference(*ref[:3], graph, ref[3], mask, scale, keep, dropout_p)
+        expected = dense_reference(*ref[:3], graph, ref[3], mask_cpu, scale, keep, dropout_p)
     else:
-        expected = graph_attention(*ref[:3], graph, ref[3], mask, backend="torch")
-    assert_close(out, expected, dtype, "output")
+        expected = graph_attention(*ref[:3], graph, ref[3], mask_cpu, backend="torch")
+    assert_close(out, expected, dtype, "output", tolerance)
     grad = torch.randn(expected.shape, generator=torch.Generator().manual_seed(seed + 1))
-    grads = torch.autograd.grad(out, low, grad.to(dtype))
+    grads = torch.autograd.grad(out, low, grad.to(device, dtype))
     expected_grads = torch.autograd.grad(expected, ref, grad.double())
     for name, actual, wanted in zip(("q", "k", "v", "rel_key"), grads, expected_grads):
-        assert_close(actual, wanted, dtype, f"grad {name}")
+        assert_close(actual, wanted, dtype, f"grad {name}", tolerance)
     return out
 
 
