@@ -231,4 +231,6 @@ def test_tree_path_dropout_over_many_chunks(one_row_chunks):
     assert torch.equal(attend(q, k, v, rel), attend(q, k, v, rel))
     assert not torch.equal(attend(q, k, v, rel),
                            tree_block_attention(q, k, v, graph, rel, mask, 0.4, None, group_tokens=8))
-    assert torch.autograd.gradcheck(attend, (q, k, v, rel))
+    # fast mode checks the Jacobian along random directions: a mask drawn afresh in the
+    # backward fails it as surely, in a few calls instead of one per input element
+    assert torch.autograd.gradcheck(attend, (q, k, v, rel), fast_mode=True)
