@@ -9,11 +9,17 @@ encoder/decoder outside any such module (graph building, node padding, masks, re
 adds, the activation function) counts as ``encoder (rest)`` / ``decoder (rest)``.
 Inside self-attention, gathers are split out as ``relative keys (gather)``: the dense
 graph path gathers its relative-key bias, the other attentions gather nothing.
+
+The loss and the output layer are the same computation in every model, yet a single
+profiled update of them varies by up to 2x (they are memory-bound over the B x T x vocabulary
+logits, whose pages are fresh from the allocator every update): take the median of a few
+rounds, and read the models' differences on the ``model body`` line, which leaves them out.
 """
 
 import re
+import statistics
 from collections import Counter
-from typing import Dict
+from typing import Dict, List
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
@@ -32,6 +38,7 @@ PARTS = [  # (regex on the module's path, part), first match wins
     (r"^encoder$", "encoder (rest)"),
     (r"^decoder$", "decoder (rest)"),
 ]
+SHARED = ("loss", "output layer", "optimizer")  # the same computation in every model
 PREFIX = "part: "
 BACKWARD = "autograd::engine::evaluate_function: "
 
@@ -94,17 +101,25 @@ def update_split(model, optimizer, batch, pad) -> Dict[str, float]:
     return dict(seconds)
 
 
+def median_split(rounds: List[Dict[str, float]]) -> Dict[str, float]:
+    """Per part, the median over rounds, with the ``model body`` (all but ``SHARED``) and ``total``."""
+    parts = set().union(*rounds)
+    split = {part: statistics.median(r.get(part, 0.0) for r in rounds) for part in parts}
+    split["model body"] = statistics.median(sum(t for p, t in r.items() if p not in SHARED) for r in rounds)
+    split["total"] = statistics.median(sum(r.values()) for r in rounds)
+    return split
+
+
 def split_table(split: Dict[str, Dict[str, float]], baseline: str = "transformer") -> str:
     """Markdown: the baseline's seconds per part, and every other model's difference to it."""
     names = list(split)
-    parts = sorted(set().union(*split.values()), key=lambda p: -max(abs(s.get(p, 0)) for s in split.values()))
+    sums = ["model body", "total"]
+    parts = sorted(set().union(*split.values()) - set(sums),
+                   key=lambda p: -max(abs(s.get(p, 0.0) - split[baseline].get(p, 0.0)) for s in split.values()))
     rows = ["| part | " + " | ".join(n if n == baseline else f"{n} (+/-)" for n in names) + " |",
             "|---|" + "---|" * len(names)]
-    for part in parts + ["total"]:
-        cells = []
-        for name in names:
-            value = sum(split[name].values()) if part == "total" else split[name].get(part, 0.0)
-            base = sum(split[baseline].values()) if part == "total" else split[baseline].get(part, 0.0)
-            cells.append(f"{value:.3f}" if name == baseline else f"{value - base:+.3f}")
+    for part in parts + sums:
+        base = split[baseline].get(part, 0.0)
+        cells = [f"{base:.3f}" if name == baseline else f"{split[name].get(part, 0.0) - base:+.3f}" for name in names]
         rows.append(f"| {part} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
