@@ -10,6 +10,11 @@ machine hits all of them alike. Prints each model's median time per update over
 ``--updates`` (after one warm-up) and its ratio to the transformer's, with the spread, and
 where the extra time goes: the ATen ops whose time per update grew most against the
 transformer's (``torch.profiler``, one more update each). Writes a JSON and a Markdown table.
+
+``--profile-split`` also prints where each model's update goes by part of the model
+(``profile_split``): forward and backward seconds of every module kind, so that the extra
+time against the transformer splits into span nodes (projections, FFN, norms, dropout over
+more rows), attention, relative keys, graph building and the rest.
 """
 
 import argparse
@@ -23,6 +28,7 @@ from pathlib import Path
 import torch
 
 from scripts.benchmark_slowfast import build_batch, build_model, train_step
+from scripts.profile_split import median_split, split_table, update_split
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -77,6 +83,14 @@ def run_size(size: str, args) -> dict:
             if update:  # update 0 warms up (and builds the graphs' caches)
                 times[name].append(time.perf_counter() - start)
     ops = {name: op_seconds(model, optimizers[name], batch, pad) for name, model in models.items()}
+    if args.profile_split:
+        rounds = {name: [] for name in models}
+        for _ in range(args.split_rounds):  # alternating, as the timed updates
+            for name, model in models.items():
+                rounds[name].append(update_split(model, optimizers[name], batch, pad))
+        split = {name: median_split(r) for name, r in rounds.items()}
+        print(f"{size}: seconds per update by part of the model, profiled, median of {args.split_rounds} "
+              f"updates each\n" + split_table(split))
     base = statistics.median(times["transformer"])
     results = {}
     for name in models:
@@ -119,6 +133,8 @@ def main(argv=None):
     p.add_argument("--max-tokens", type=int, help="source tokens per batch (default: the size's)")
     p.add_argument("--updates", type=int, default=5, help="timed updates per model (after one warm-up)")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--profile-split", action="store_true", help="print each model's time by part of the model")
+    p.add_argument("--split-rounds", type=int, default=3, help="profiled updates per model for --profile-split")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "models")
     args = p.parse_args(argv)
     if "transformer" not in args.models:

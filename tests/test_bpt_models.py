@@ -59,6 +59,28 @@ def test_batch_equals_one_by_one(tmp_path, arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+def test_out_rows_is_the_first_rows_of_a_full_layer(tmp_path, arch):
+    """A layer asked for its first n nodes (the models' last layers: token nodes) returns
+    exactly those rows of its full output."""
+    from fairseq_plugins.graphs.binary_partition import node_present
+
+    task, model = build(tmp_path, arch)
+    n, lengths = 6, torch.tensor([6, 4])
+    for side in (model.encoder, model.decoder):
+        graph = side._spec.build(n)
+        absent = ~node_present(lengths, n)
+        x = torch.randn(graph.num_nodes, 2, side.layers[-1].embed_dim, dtype=torch.double)
+        if side is model.encoder:
+            full, part = (side.layers[-1](x, absent, graph, out_rows=rows) for rows in (None, n))
+        else:
+            enc = torch.randn(5, 2, side.layers[-1].embed_dim, dtype=torch.double)
+            full, part = (side.layers[-1](x, enc, None, graph=graph, self_attn_padding_mask=absent,
+                                          num_tokens=n, out_rows=rows)[0] for rows in (None, n))
+        assert part.shape == (n, *full.shape[1:])
+        torch.testing.assert_close(part, full[:n])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_decoder_is_causal(tmp_path, arch):
     task, model = build(tmp_path, arch)
     src = random_tokens(task, [8], 0, left_pad=True)

@@ -118,8 +118,9 @@ class GraphTransformerEncoder(TransformerEncoderBase):
         absent = ~node_present(lengths, length).to(x.device)
         x = _nodes(x, graph.num_nodes)
         states = []
-        for layer in self.layers:
-            x = layer(x, absent, graph)
+        for idx, layer in enumerate(self.layers):
+            # the last layer's span nodes are read by nobody
+            x = layer(x, absent, graph, out_rows=length if idx == len(self.layers) - 1 else None)
             if return_all_hiddens:
                 states.append(x[:length])
         if self.layer_norm is not None:
@@ -207,6 +208,7 @@ class GraphTransformerDecoder(TransformerDecoderBase):
                 x, enc, padding_mask, incremental_state, graph=graph,
                 self_attn_padding_mask=absent, need_attn=idx == alignment_layer,
                 need_head_weights=idx == alignment_layer, num_tokens=num_new,
+                out_rows=num_new if idx == self.num_layers - 1 else None,
             )
             inner_states.append(x[:num_new])
             if layer_attn is not None and idx == alignment_layer:

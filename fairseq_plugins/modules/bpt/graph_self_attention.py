@@ -12,6 +12,10 @@ hooks. The one extra input, which graph to attend over, goes through a small sea
 the slots of the key/value cache). Other models (document-level attention, multi-scale
 windows) reuse the seam by binding their own graphs.
 
+``attending(graph, out_rows=n)`` returns only the first ``n`` nodes' outputs (every node
+still serves as a key): a model's last layer, whose span nodes nobody reads, then skips their
+output projection, and fairseq's layer (see ``graph_transformer_layers``) their FFN.
+
 Relative positions (Eq. 13 of the BPT paper): one learned vector per edge type, per layer,
 shared by heads and added to keys.
 """
@@ -56,6 +60,7 @@ class GraphSelfAttention(nn.Module):
         self.rel_key = nn.Parameter(torch.empty(num_edge_types, self.head_dim))
         self._state_key = f"graph_self_attention.{uuid.uuid4()}"
         self._bound = None
+        self._out_rows = None
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -66,15 +71,17 @@ class GraphSelfAttention(nn.Module):
         nn.init.normal_(self.rel_key, std=self.head_dim ** -0.5)
 
     @contextlib.contextmanager
-    def attending(self, over):
-        """Bind the graph (or decoding step) the next forward calls attend over."""
+    def attending(self, over, out_rows: Optional[int] = None):
+        """Bind the graph (or decoding step) the next forward calls attend over, and how many
+        of the first nodes they return (None: all)."""
         if not isinstance(over, (AttentionGraph, DecoderStep)):
             raise TypeError(f"expected an AttentionGraph or DecoderStep, got {type(over)}")
-        previous, self._bound = self._bound, over
+        previous = self._bound, self._out_rows
+        self._bound, self._out_rows = over, out_rows
         try:
             yield self
         finally:
-            self._bound = previous
+            self._bound, self._out_rows = previous
 
     def forward(self, query: Tensor, key: Optional[Tensor] = None, value: Optional[Tensor] = None,
                 key_padding_mask: Optional[Tensor] = None,
@@ -111,8 +118,9 @@ class GraphSelfAttention(nn.Module):
             self._set_input_buffer(incremental_state, {"prev_key": k, "prev_value": v})
             out = csr_attention(q, k, v, step.indptr, step.indices, step.edge_type, self.rel_key,
                                 None, dropout)
-        out = merge_heads(out)
-        return self.out_proj(out), None
+        if self._out_rows is not None:
+            out = out[:, :, : self._out_rows]
+        return self.out_proj(merge_heads(out)), None
 
     # fairseq incremental-state hooks (the decoder layer and beam search call these)
     def _get_input_buffer(self, incremental_state) -> Dict[str, Optional[Tensor]]:

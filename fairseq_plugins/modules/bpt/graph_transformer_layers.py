@@ -5,6 +5,11 @@ for the duration of fairseq's own forward (see ``GraphSelfAttention.attending``)
 layer norms, FFN, cross-attention and dropout are fairseq's, unchanged, except that with
 ``cross_attention_from="tokens"`` (BPT section 4.3) only the token nodes, which come first,
 go through the encoder-attention sublayer and span nodes pass it unchanged.
+
+``out_rows=n`` (a model's last layer) makes a layer return only its first ``n`` nodes: the
+self-attention still reads every node as a key, but the rows nobody reads skip the output
+projection, residuals, layer norms, cross-attention and FFN. The residual connection takes
+the first rows of its shortcut for that.
 """
 
 import contextlib
@@ -13,6 +18,11 @@ import torch
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
 from fairseq_plugins.modules.bpt.graph_self_attention import GraphSelfAttention
+
+
+def first_rows_residual(x, residual):
+    """fairseq's residual connection when the sublayer returned only the first rows."""
+    return x + residual[: x.size(0)]
 
 
 class GraphEncoderLayer(TransformerEncoderLayerBase):
@@ -25,9 +35,12 @@ class GraphEncoderLayer(TransformerEncoderLayerBase):
         return GraphSelfAttention(embed_dim, cfg.encoder.attention_heads, self._num_edge_types,
                                   dropout=cfg.attention_dropout, backend=self._backend)
 
-    def forward(self, x, encoder_padding_mask, graph):
+    def residual_connection(self, x, residual):
+        return first_rows_residual(x, residual)
+
+    def forward(self, x, encoder_padding_mask, graph, out_rows=None):
         """x: [N, B, C] node states; encoder_padding_mask: [B, N] absent nodes."""
-        with self.self_attn.attending(graph):
+        with self.self_attn.attending(graph, out_rows):
             return super().forward(x, encoder_padding_mask)
 
 
@@ -51,16 +64,22 @@ class GraphDecoderLayer(TransformerDecoderLayerBase):
         return GraphSelfAttention(embed_dim, cfg.decoder.attention_heads, self._num_edge_types,
                                   dropout=cfg.attention_dropout, backend=self._backend)
 
+    def residual_connection(self, x, residual):
+        return first_rows_residual(x, residual)
+
     def forward(self, x, encoder_out=None, encoder_padding_mask=None, incremental_state=None,
                 graph=None, self_attn_padding_mask=None, need_attn=False, need_head_weights=False,
-                num_tokens=None):
+                num_tokens=None, out_rows=None):
         """x: [N, B, C] node states (or this step's new nodes), the ``num_tokens`` token nodes
         first; graph: AttentionGraph or DecoderStep (with incremental_state)."""
         restrict = self.cross_attention_from == "tokens" and self.encoder_attn is not None \
             and encoder_out is not None
         if restrict and num_tokens is None:
             raise ValueError("cross-attention from token nodes only needs num_tokens")
-        with self.self_attn.attending(graph), \
+        restrict = restrict and (out_rows is None or out_rows > num_tokens)  # else: tokens only already
+        if out_rows is not None and encoder_padding_mask is not None and encoder_padding_mask.dim() == 3:
+            encoder_padding_mask = encoder_padding_mask[:, :out_rows]  # a per-query mask (bpt_document)
+        with self.self_attn.attending(graph, out_rows), \
                 (self._cross_attention_from_first(num_tokens) if restrict else contextlib.nullcontext()):
             return super().forward(
                 x, encoder_out, encoder_padding_mask, incremental_state,
