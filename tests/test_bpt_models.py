@@ -55,7 +55,9 @@ def test_batch_equals_one_by_one(tmp_path, arch):
     logits, _ = model(src, torch.tensor(src_lengths), prev)
     for b, (n, m) in enumerate(zip(src_lengths, tgt_lengths)):
         alone, _ = model(src[b:b + 1, -n:], torch.tensor([n]), prev[b:b + 1, :m])
-        torch.testing.assert_close(logits[b:b + 1, :m], alone)
+        # fairseq's stock encoder attention alone differs by ~3e-8 in float64 between a padded
+        # batch and one sentence on some CPUs (AMD EPYC, torch 2.13); a padding bug is O(1)
+        torch.testing.assert_close(logits[b:b + 1, :m], alone, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
