@@ -11,7 +11,7 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
-from fairseq_plugins.graph_attention import graph_attention, triton_plan  # noqa: E402
+from fairseq_plugins.graph_attention import graph_attention, tile_plan  # noqa: E402
 from fairseq_plugins.graph_attention import triton_aot, triton_backend  # noqa: E402
 from fairseq_plugins.graphs.attention_graph import AttentionGraph, TreeLayout  # noqa: E402
 from fairseq_plugins.graphs.binary_partition import (  # noqa: E402
@@ -231,10 +231,10 @@ def test_dropout_uses_the_same_mask_forward_and_backward(dim):
     merged by log-sum-exp (forward) and fixed-order sums (gradients); fp32 at head dims 32
     and 128, the largest and the smallest tiles of the table."""
     graph = bpt_graph(64, 2)
-    for per_item, dropout_p in ((triton_plan.TILES_PER_ITEM, 0.3), (1, 0.3), (1, 0.0)):
+    for per_item, dropout_p in ((tile_plan.TILES_PER_ITEM, 0.3), (1, 0.3), (1, 0.0)):
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(triton_plan, "TILES_PER_ITEM", per_item)
-            plan = triton_plan.build_plan(graph, *triton_backend.tiles(torch.float32, dim))
+            patch.setattr(tile_plan, "TILES_PER_ITEM", per_item)
+            plan = tile_plan.build_plan(graph, *triton_backend.tiles(torch.float32, dim))
         assert per_item > 1 or plan.query_work.num_parts and plan.key_work.num_parts
         check(graph, [64, 40], dropout_p=dropout_p, plan=plan, dim=dim)
 
@@ -263,7 +263,7 @@ TILE_SIZES = sorted({triton_backend.tiles(t, d) for t in triton_backend.GPU_DTYP
 def test_plan_tiles_and_windows_hold_exactly_the_edges(m, n):
     """Every tile size of the table; the key side has m keys x n query slots."""
     for graph in (bpt_graph(300, 4), segtree_graph(100, causal=True), random_tree_graph(50, 9)):
-        plan = triton_plan.build_plan(graph, m, n)
+        plan = tile_plan.build_plan(graph, m, n)
         nodes_n = graph.num_nodes
         expected = torch.full((nodes_n, nodes_n + max(m, n)), -1)
         expected[graph.rows(), graph.indices] = graph.edge_type

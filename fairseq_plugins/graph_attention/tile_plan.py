@@ -1,4 +1,5 @@
-"""The launch plan of the Triton graph-attention kernels, built once per graph from its edges.
+"""The tile plan of the flash-style graph-attention kernels (Triton on GPU, C++ on CPU), built
+once per graph from its edges.
 
 Flash attention needs dense tiles; a tree graph is sparse but local. The plan finds dense
 enough tiles in three steps:
@@ -18,7 +19,8 @@ enough tiles in three steps:
 
 Work items are (block, tile range, part): blocks with more than ``TILES_PER_ITEM`` tiles are
 split into parts (the root reads every token), merged after the kernel by log-sum-exp
-(forward) or by fixed-order sums (gradients), so results do not depend on scheduling.
+(forward) or by fixed-order sums (gradients), so results do not depend on scheduling
+(``merge_forward``, ``merge_sum``).
 Exact for every graph: tiles come from the edges, the tree only makes them few.
 """
 
@@ -153,7 +155,7 @@ def _work_items(owner: torch.Tensor, num_blocks: int) -> WorkItems:
 def build_plan(graph: AttentionGraph, block_m: int, block_n: int) -> TilePlan:
     """The plan of ``graph`` (with at least one edge) for these block sizes, on CPU."""
     if graph.num_edge_types > MAX_EDGE_TYPES:
-        raise ValueError(f"the triton graph attention stores edge types as int16: "
+        raise ValueError(f"the tiled graph attention stores edge types as int16: "
                          f"{graph.num_edge_types} types exceed {MAX_EDGE_TYPES}")
     if graph.num_edges == 0:
         raise ValueError("a tile plan needs a graph with at least one edge")
@@ -178,9 +180,9 @@ def build_plan(graph: AttentionGraph, block_m: int, block_n: int) -> TilePlan:
 
 def plan_on(graph: AttentionGraph, block_m: int, block_n: int, device) -> TilePlan:
     """``build_plan`` moved to ``device``, cached on the graph."""
-    key = ("triton_plan", block_m, block_n, str(device))
+    key = ("tile_plan", block_m, block_n, str(device))
     if key not in graph._cache:
-        cpu_key = ("triton_plan", block_m, block_n, "cpu")
+        cpu_key = ("tile_plan", block_m, block_n, "cpu")
         if cpu_key not in graph._cache:
             graph._cache[cpu_key] = build_plan(graph, block_m, block_n)
         plan = graph._cache[cpu_key]
@@ -196,3 +198,45 @@ def _to(plan: TilePlan, device) -> TilePlan:
             return WorkItems(*(move(getattr(x, f)) for f in WorkItems.__dataclass_fields__))
         return x
     return TilePlan(*(move(getattr(plan, f)) for f in TilePlan.__dataclass_fields__))
+
+
+# ------------------------------------------------- merging the parts of split blocks
+
+def _split_rows(plan: TilePlan, work: WorkItems, query_major: bool) -> torch.Tensor:
+    """Graph node [S, block] of every row of each split block (-1 = none)."""
+    blocks = work.split_blocks
+    if query_major:
+        slots = blocks[:, None] * plan.block_m + torch.arange(plan.block_m, device=blocks.device)
+        return plan.slot_node[slots].long()
+    keys = blocks[:, None] * plan.block_m + torch.arange(plan.block_m, device=blocks.device)
+    return torch.where(keys < plan.num_nodes, keys, -1)
+
+
+def _gather_parts(parts: torch.Tensor, work: WorkItems, fill=0.0) -> torch.Tensor:
+    """[S, max parts, BH, rows, ...] parts of each split block (``fill`` where padded)."""
+    return torch.cat([parts, parts.new_full((1, *parts.shape[1:]), fill)])[work.part_index]
+
+
+def _scatter_rows(target: torch.Tensor, values: torch.Tensor, nodes: torch.Tensor) -> None:
+    """target[bh, nodes[s, r]] = values[s, bh, r] where nodes >= 0 (distinct nodes)."""
+    present = nodes >= 0
+    target[:, nodes[present]] = values.transpose(0, 1)[:, present].to(target.dtype)
+
+
+def merge_forward(out, lse, part_out, part_lse, plan: TilePlan) -> None:
+    """Combine the parts of split query blocks by log-sum-exp (a part without keys: -inf);
+    rows without any key get lse = +inf."""
+    work = plan.query_work
+    lses = _gather_parts(part_lse, work, float("-inf"))  # [S, parts, BH, BLOCK_M]
+    total = torch.logsumexp(lses, 1)
+    no_key = torch.isinf(total)
+    weights = torch.exp(lses - torch.where(no_key, 0.0, total)[:, None])
+    merged = (weights[..., None] * _gather_parts(part_out, work)).sum(1)
+    nodes = _split_rows(plan, work, True)
+    _scatter_rows(out, merged, nodes)
+    _scatter_rows(lse, torch.where(no_key, float("inf"), total), nodes)
+
+
+def merge_sum(target, parts, plan: TilePlan, work: WorkItems, query_major: bool) -> None:
+    """Sum the parts of split blocks in a fixed order."""
+    _scatter_rows(target, _gather_parts(parts, work).sum(1), _split_rows(plan, work, query_major))
