@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <type_traits>
@@ -55,6 +56,29 @@ void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha
     dgemm_(&ta, &tb, &mm, &nn, &kk, &alpha, b, &la, a, &lb, &beta, c, &lc);
   }
 }
+
+// exp for the softmax: float uses a Cephes-style polynomial (relative error ~2e-7, like
+// expf) that the compiler vectorizes, where a call to expf per score entry dominated the
+// kernel; below -87.3 (masked entries: -inf) it is exactly 0. double (the tests) uses std::exp.
+inline float softmax_exp(float x) {
+  const float clamped = std::min(std::max(x, -87.3f), 88.7f);
+  const float n = std::nearbyint(clamped * 1.44269504088896341f);
+  const float r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
+  float poly = 1.9875691500e-4f;
+  poly = poly * r + 1.3981999507e-3f;
+  poly = poly * r + 8.3334519073e-3f;
+  poly = poly * r + 4.1665795894e-2f;
+  poly = poly * r + 1.6666665459e-1f;
+  poly = poly * r + 5.0000001201e-1f;
+  poly = poly * r * r + r + 1.0f;
+  int32_t bits;
+  std::memcpy(&bits, &poly, 4);
+  bits += static_cast<int32_t>(n) << 23;
+  float result;
+  std::memcpy(&result, &bits, 4);
+  return x < -87.3f ? 0.0f : result;
+}
+inline double softmax_exp(double x) { return std::exp(x); }
 
 // 64-byte aligned scratch (the BLAS may pick its code path by alignment: a fixed alignment
 // keeps results independent of where a thread's buffers land).
@@ -114,12 +138,15 @@ struct Tiles {
 // products of a block only span it.
 inline std::pair<int64_t, int64_t> type_range(const Tiles& tiles, int64_t t0, int64_t t1,
                                               int64_t tile_size) {
-  int64_t lo = std::numeric_limits<int64_t>::max(), hi = -1;
-  for (const int16_t* t = tiles.types + t0 * tile_size; t < tiles.types + t1 * tile_size; ++t) {
-    if (*t >= 0) {
-      lo = std::min<int64_t>(lo, *t);
-      hi = std::max<int64_t>(hi, *t);
-    }
+  // as unsigned, no edge (-1) is the largest value: min skips it, max is taken over signed
+  uint16_t lo = 0xFFFF;
+  int16_t hi = -1;
+  const int16_t* types = tiles.types + t0 * tile_size;
+  const int64_t count = (t1 - t0) * tile_size;
+#pragma omp simd reduction(min : lo) reduction(max : hi)
+  for (int64_t i = 0; i < count; ++i) {
+    lo = std::min(lo, static_cast<uint16_t>(types[i]));
+    hi = std::max(hi, types[i]);
   }
   return {lo, hi};
 }
@@ -148,22 +175,33 @@ void relative_scores(const Problem<T>& p, const T* rows, int64_t count, int64_t 
             out, width);
 }
 
-// Scores of tile t in place: scale * q . k (already in s) + relative term, -inf off the graph.
+// Scores of a tile in place: scale * q . k (already in s) + relative term, -inf off the graph
+// (no edge, or an absent key). keys_are_rows: the key-major (transposed) tiles.
 template <typename T>
 void finish_scores(const Problem<T>& p, int64_t bh, const int16_t* types, int64_t rows,
                    int64_t cols, int64_t first_key, const T* rel_scores, int64_t rel_lo,
                    int64_t rel_width, T* s, bool keys_are_rows) {
   const T neg_inf = -std::numeric_limits<T>::infinity();
+  bool column_absent[1024];  // block sizes are at most 1024 (checked in make_problem)
+  for (int64_t c = 0; c < cols; ++c) column_absent[c] = !keys_are_rows && p.absent(bh, first_key + c);
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < cols; ++c) {
-      int16_t type = types[r * p.bn + c];
-      int64_t key = keys_are_rows ? first_key + r : first_key + c;
-      T& x = s[r * p.bn + c];
-      if (type < 0 || p.absent(bh, key)) {
-        x = neg_inf;
-      } else if (p.rel) {
-        int64_t query_row = keys_are_rows ? c : r;
-        x += rel_scores[query_row * rel_width + type - rel_lo];
+    T* x = s + r * p.bn;
+    const int16_t* type = types + r * p.bn;
+    const bool row_absent = keys_are_rows && p.absent(bh, first_key + r);
+    if (p.rel) {
+      const T* rel_row = rel_scores + r * rel_width - rel_lo;
+#pragma omp simd
+      for (int64_t c = 0; c < cols; ++c) {
+        const bool off = type[c] < 0 || row_absent || column_absent[c];
+        const T rel = off ? T(0)
+                          : (keys_are_rows ? rel_scores[c * rel_width + type[c] - rel_lo]
+                                           : rel_row[type[c]]);
+        x[c] = off ? neg_inf : x[c] + rel;
+      }
+    } else {
+#pragma omp simd
+      for (int64_t c = 0; c < cols; ++c) {
+        x[c] = (type[c] < 0 || row_absent || column_absent[c]) ? neg_inf : x[c];
       }
     }
   }
@@ -181,7 +219,7 @@ void forward_item(const Problem<T>& p, const Tiles& tiles, int64_t bh, int64_t i
   Scratch<T> q_rows(bm * d), acc(bm * d), s(bm * bn), row_max(bm), row_sum(bm);
   std::unique_ptr<int64_t[]> node(new int64_t[bm]);
   gather_slots(p, p.q, bh, block * bm, bm, q_rows.get(), node.get());
-  auto [lo, hi] = type_range(tiles, t0, t1, bm * bn);
+  auto [lo, hi] = p.rel ? type_range(tiles, t0, t1, bm * bn) : std::pair<int64_t, int64_t>{0, -1};
   const int64_t width = p.rel && hi >= lo ? hi - lo + 1 : 0;
   Scratch<T> rel_scores(bm * width);
   if (width) relative_scores(p, q_rows.get(), bm, lo, width, rel_scores.get());
@@ -197,17 +235,21 @@ void forward_item(const Problem<T>& p, const Tiles& tiles, int64_t bh, int64_t i
     for (int64_t r = 0; r < bm; ++r) {
       T* x = s.get() + r * bn;
       T m = row_max.get()[r];
+#pragma omp simd reduction(max : m)
       for (int64_t c = 0; c < cols; ++c) m = std::max(m, x[c]);
       if (m == neg_inf) {  // no key yet
         std::fill_n(x, cols, T(0));
         continue;
       }
-      const T alpha = std::exp(row_max.get()[r] - m);
+      const T alpha = softmax_exp(row_max.get()[r] - m);
       T sum = 0;
+#pragma omp simd reduction(+ : sum)
       for (int64_t c = 0; c < cols; ++c) {
-        x[c] = std::exp(x[c] - m);
+        x[c] = softmax_exp(x[c] - m);
         sum += x[c];
-        if (p.dropout_p > 0) {
+      }
+      if (p.dropout_p > 0) {
+        for (int64_t c = 0; c < cols; ++c) {
           x[c] = p.keep(bh, node[r], first + c) ? x[c] * p.keep_scale : T(0);
         }
       }
@@ -241,9 +283,7 @@ void forward_item(const Problem<T>& p, const Tiles& tiles, int64_t bh, int64_t i
 
 // ---------------------------------------------------------------------- backward, dQ
 
-// P and dS of one tile from the scores in s (in place: s becomes P), dP in dp (becomes dS).
-// Rows and columns are (query, key) or (key, query) as the caller lays them out; row_of and
-// col_of give the query row's lse/delta/node.
+// lse, delta and graph node of a tile's query rows (or columns, in the key-major tiles).
 template <typename T>
 struct RowStats {
   const T* lse;
@@ -251,27 +291,40 @@ struct RowStats {
   const int64_t* node;
 };
 
+// P and dS of one tile from the scores in s (in place: s becomes P) and dP in dp (becomes dS);
+// with dropout, p_dropped gets P masked and scaled. Rows and columns are (query, key), or
+// (key, query) in the key-major tiles. lse = +inf (a row without keys, an empty slot) gives 0.
 template <typename T>
 void probabilities_and_grads(const Problem<T>& p, int64_t bh, int64_t rows, int64_t cols,
                              const RowStats<T>& stats, bool query_is_row, int64_t first_key,
                              T* s, T* dp, T* p_dropped) {
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < cols; ++c) {
-      const int64_t query = query_is_row ? r : c;
-      const int64_t key = first_key + (query_is_row ? c : r);
-      T& x = s[r * p.bn + c];
-      T& g = dp[r * p.bn + c];
-      const T prob = x == -std::numeric_limits<T>::infinity() ? T(0)
-                                                               : std::exp(x - stats.lse[query]);
-      T kept = prob;
-      if (p.dropout_p > 0) {
-        const bool keep = p.keep(bh, stats.node[query], key);
-        g = keep ? g * p.keep_scale : T(0);
-        kept = keep ? prob * p.keep_scale : T(0);
+    T* x = s + r * p.bn;
+    T* g = dp + r * p.bn;
+    if (p.dropout_p > 0) {  // dP of a dropped edge is 0, of a kept one scaled
+      for (int64_t c = 0; c < cols; ++c) {
+        const bool keep = query_is_row ? p.keep(bh, stats.node[r], first_key + c)
+                                       : p.keep(bh, stats.node[c], first_key + r);
+        g[c] = keep ? g[c] * p.keep_scale : T(0);
+        p_dropped[r * p.bn + c] = keep ? p.keep_scale : T(0);
       }
-      if (p_dropped) p_dropped[r * p.bn + c] = kept;
-      x = prob;
-      g = prob * (g - stats.delta[query]);
+    }
+    if (query_is_row) {
+      const T lse = stats.lse[r], delta = stats.delta[r];
+#pragma omp simd
+      for (int64_t c = 0; c < cols; ++c) {
+        x[c] = softmax_exp(x[c] - lse);
+        g[c] = x[c] * (g[c] - delta);
+      }
+    } else {
+#pragma omp simd
+      for (int64_t c = 0; c < cols; ++c) {
+        x[c] = softmax_exp(x[c] - stats.lse[c]);
+        g[c] = x[c] * (g[c] - stats.delta[c]);
+      }
+    }
+    if (p.dropout_p > 0) {
+      for (int64_t c = 0; c < cols; ++c) p_dropped[r * p.bn + c] *= x[c];
     }
   }
 }
@@ -299,7 +352,7 @@ void backward_query_item(const Problem<T>& p, const Tiles& tiles, int64_t bh, in
   gather_slots(p, p.q, bh, block * bm, bm, q_rows.get(), node.get());
   gather_slots(p, grad_out, bh, block * bm, bm, go_rows.get(), node.get());
   gather_row_stats(p, lse, delta, bh, node.get(), bm, row_lse.get(), row_delta.get());
-  auto [lo, hi] = type_range(tiles, t0, t1, bm * bn);
+  auto [lo, hi] = p.rel ? type_range(tiles, t0, t1, bm * bn) : std::pair<int64_t, int64_t>{0, -1};
   const int64_t width = p.rel && hi >= lo ? hi - lo + 1 : 0;
   Scratch<T> rel_scores(bm * width), type_grad(bm * width);
   if (width) relative_scores(p, q_rows.get(), bm, lo, width, rel_scores.get());
@@ -368,7 +421,7 @@ void backward_key_item(const Problem<T>& p, const Tiles& windows, int64_t bh, in
     gather_slots(p, p.q, bh, first_slot, bn, q_rows.get(), node.get());
     gather_slots(p, grad_out, bh, first_slot, bn, go_rows.get(), node.get());
     gather_row_stats(p, lse, delta, bh, node.get(), bn, row_lse.get(), row_delta.get());
-    auto [lo, hi] = type_range(windows, w, w + 1, bm * bn);
+    auto [lo, hi] = p.rel ? type_range(windows, w, w + 1, bm * bn) : std::pair<int64_t, int64_t>{0, -1};
     const int64_t width = p.rel && hi >= lo ? hi - lo + 1 : 0;
     Scratch<T> rel_scores(bn * width);
     if (width) relative_scores(p, q_rows.get(), bn, lo, width, rel_scores.get());
@@ -452,6 +505,8 @@ Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tens
                     pad->numel() * heads == q.size(0) * n,
                 "graph_attention_cpu: key padding must be a contiguous uint8 [B, N] tensor");
   }
+  TORCH_CHECK(plan.block_m <= 1024 && plan.block_n <= 1024,
+              "graph_attention_cpu: tiles are at most 1024 x 1024");
   TORCH_CHECK(plan.slot_node.numel() % plan.block_m == 0,
               "graph_attention_cpu: slots must fill whole blocks");
   return Problem<T>{q.data_ptr<T>(), k.data_ptr<T>(), v.data_ptr<T>(),

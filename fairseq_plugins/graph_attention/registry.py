@@ -29,6 +29,7 @@ from fairseq_plugins.graphs.attention_graph import AttentionGraph
 from fairseq_plugins.graphs.binary_partition import bpt_graph, node_present
 
 OPTIONAL_BACKENDS = (
+    "fairseq_plugins.graph_attention.cpu_backend",
     "fairseq_plugins.graph_attention.cuda_backend",
     "fairseq_plugins.graph_attention.flex_backend",
     "fairseq_plugins.graph_attention.triton_backend",
