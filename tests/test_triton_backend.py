@@ -13,32 +13,16 @@ import torch
 pytest.importorskip("triton")
 from fairseq_plugins.graph_attention import graph_attention, tile_plan  # noqa: E402
 from fairseq_plugins.graph_attention import triton_aot, triton_backend  # noqa: E402
-from fairseq_plugins.graphs.attention_graph import AttentionGraph, TreeLayout  # noqa: E402
 from fairseq_plugins.graphs.binary_partition import (  # noqa: E402
-    bpt_graph, node_present, segtree_graph, tree_level_sizes,
+    bpt_graph, node_present, segtree_graph,
 )
+from tests.graph_fixtures import random_tree_graph  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not triton_backend.interpreted(),
                                 reason="needs TRITON_INTERPRET=1 (set by conftest without a GPU)")
 
 # max |error| / max(max |reference|, 1) per dtype; inputs are rounded to the dtype first
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
-
-
-def random_tree_graph(n: int, edges_per_row: int, seed: int = 0) -> AttentionGraph:
-    """A tree layout over n tokens with random edges between any nodes (some rows empty)."""
-    gen = torch.Generator().manual_seed(seed)
-    sizes = tree_level_sizes(n)
-    num_nodes = sum(sizes)
-    rows = torch.randint(0, num_nodes, (num_nodes * edges_per_row,), generator=gen)
-    cols = torch.randint(0, num_nodes, rows.shape, generator=gen)
-    pairs = torch.unique(rows * num_nodes + cols)
-    rows, cols = pairs // num_nodes, pairs % num_nodes
-    counts = torch.bincount(rows, minlength=num_nodes)
-    return AttentionGraph(num_nodes=num_nodes,
-                          indptr=torch.cat([counts.new_zeros(1), counts.cumsum(0)]),
-                          indices=cols, edge_type=torch.randint(0, 7, cols.shape, generator=gen),
-                          num_edge_types=7, tree=TreeLayout(n, sizes))
 
 
 def keep_mask(seed: int, batch_heads: int, num_nodes: int, dropout_p: float) -> torch.Tensor:
