@@ -62,12 +62,24 @@ void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha
 // every call at these sizes (a third of its time, on the AMD EPYC measured); this kernel
 // keeps kRows x 2 vectors of C in registers and reads A and B in place. Also deterministic:
 // the same sums in the same order for any thread count.
-// 32-byte GCC vectors, loaded unaligned (attributes on a dependent type would be ignored,
-// hence one typedef per scalar type)
-typedef float VecFloat __attribute__((vector_size(32), aligned(4)));
-typedef double VecDouble __attribute__((vector_size(32), aligned(8)));
+// 32-byte GCC vectors (attributes on a dependent type would be ignored, hence one typedef
+// per scalar type), loaded and stored unaligned through memcpy
+typedef float VecFloat __attribute__((vector_size(32)));
+typedef double VecDouble __attribute__((vector_size(32)));
 template <typename T>
 using Vec = std::conditional_t<std::is_same_v<T, float>, VecFloat, VecDouble>;
+
+template <typename T>
+inline Vec<T> load(const T* from) {
+  Vec<T> v;
+  std::memcpy(&v, from, sizeof(v));
+  return v;
+}
+
+template <typename T>
+inline void store(T* to, const Vec<T>& v) {
+  std::memcpy(to, &v, sizeof(v));
+}
 constexpr int kRows = 4;
 
 template <typename T, int Rows>
@@ -78,8 +90,7 @@ inline void gemm_rows(int64_t n, int64_t k, T alpha, const T* a, int64_t lda, co
   for (; j + width <= n; j += width) {
     Vec<T> acc[Rows][2] = {};
     for (int64_t p = 0; p < k; ++p) {
-      const Vec<T> b0 = *reinterpret_cast<const Vec<T>*>(b + p * ldb + j);
-      const Vec<T> b1 = *reinterpret_cast<const Vec<T>*>(b + p * ldb + j + lanes);
+      const Vec<T> b0 = load(b + p * ldb + j), b1 = load(b + p * ldb + j + lanes);
       for (int r = 0; r < Rows; ++r) {
         const T x = a[r * lda + p];
         acc[r][0] += x * b0;
@@ -88,8 +99,8 @@ inline void gemm_rows(int64_t n, int64_t k, T alpha, const T* a, int64_t lda, co
     }
     for (int r = 0; r < Rows; ++r) {
       for (int h = 0; h < 2; ++h) {
-        auto* out = reinterpret_cast<Vec<T>*>(c + r * ldc + j + h * lanes);
-        *out = accumulate ? *out + alpha * acc[r][h] : alpha * acc[r][h];
+        T* out = c + r * ldc + j + h * lanes;
+        store(out, accumulate ? load(out) + alpha * acc[r][h] : alpha * acc[r][h]);
       }
     }
   }
@@ -356,7 +367,7 @@ struct RowStats {
 };
 
 // P and dS of one tile from the scores in s (in place: s becomes P) and dP in dp (becomes dS);
-// with dropout, p_dropped gets P masked and scaled. Rows and columns are (query, key), or
+// with dropout, p_dropped (if given) gets P masked and scaled. Rows and columns are (query, key), or
 // (key, query) in the key-major tiles. lse = +inf (a row without keys, an empty slot) gives 0.
 template <typename T>
 void probabilities_and_grads(const Problem<T>& p, int64_t bh, int64_t rows, int64_t cols,
@@ -370,7 +381,7 @@ void probabilities_and_grads(const Problem<T>& p, int64_t bh, int64_t rows, int6
         const bool keep = query_is_row ? p.keep(bh, stats.node[r], first_key + c)
                                        : p.keep(bh, stats.node[c], first_key + r);
         g[c] = keep ? g[c] * p.keep_scale : T(0);
-        p_dropped[r * p.bn + c] = keep ? p.keep_scale : T(0);
+        if (p_dropped) p_dropped[r * p.bn + c] = keep ? p.keep_scale : T(0);
       }
     }
     if (query_is_row) {
@@ -387,7 +398,7 @@ void probabilities_and_grads(const Problem<T>& p, int64_t bh, int64_t rows, int6
         g[c] = x[c] * (g[c] - stats.delta[c]);
       }
     }
-    if (p.dropout_p > 0) {
+    if (p_dropped) {
       for (int64_t c = 0; c < cols; ++c) p_dropped[r * p.bn + c] *= x[c];
     }
   }
