@@ -80,7 +80,7 @@ template <typename T>
 inline void store(T* to, const Vec<T>& v) {
   std::memcpy(to, &v, sizeof(v));
 }
-constexpr int kRows = 4;
+constexpr int kRows = 6;  // 6 x 2 accumulators + 2 of B + 1 of A: 15 of the 16 AVX2 registers
 
 template <typename T, int Rows>
 inline void gemm_rows(int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
@@ -120,7 +120,15 @@ void tile_gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda
   for (; i + kRows <= m; i += kRows) {
     gemm_rows<T, kRows>(n, k, alpha, a + i * lda, lda, b, ldb, accumulate, c + i * ldc, ldc);
   }
-  for (; i < m; ++i) gemm_rows<T, 1>(n, k, alpha, a + i * lda, lda, b, ldb, accumulate, c + i * ldc, ldc);
+  a += i * lda;
+  c += i * ldc;
+  switch (m - i) {  // the rows left over
+    case 5: return gemm_rows<T, 5>(n, k, alpha, a, lda, b, ldb, accumulate, c, ldc);
+    case 4: return gemm_rows<T, 4>(n, k, alpha, a, lda, b, ldb, accumulate, c, ldc);
+    case 3: return gemm_rows<T, 3>(n, k, alpha, a, lda, b, ldb, accumulate, c, ldc);
+    case 2: return gemm_rows<T, 2>(n, k, alpha, a, lda, b, ldb, accumulate, c, ldc);
+    case 1: return gemm_rows<T, 1>(n, k, alpha, a, lda, b, ldb, accumulate, c, ldc);
+  }
 }
 
 // dst[d, rows] (leading dimension ld) = src[rows, d]^T: the B operand of A src^T.
