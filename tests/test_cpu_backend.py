@@ -78,6 +78,16 @@ def test_float64_matches_the_reference(name):
     assert_close(run("cpu", tensors, graph, mask), run("torch", tensors, graph, mask), 1e-10)
 
 
+@pytest.mark.parametrize("tiles_per_item", [1, 3])
+def test_split_blocks_merge_exactly(monkeypatch, tiles_per_item):
+    """Blocks cut into parts of a few tiles (as the root row is at any size), merged by
+    log-sum-exp in the forward and by fixed-order sums in the backward."""
+    monkeypatch.setattr(cpu_backend, "TILES_PER_ITEM", tiles_per_item)
+    graph = bpt_graph(257, 4)
+    tensors, mask = leaves(graph, [257, 100], torch.float64, 32)
+    assert_close(run("cpu", tensors, graph, mask), run("torch", tensors, graph, mask), 1e-10)
+
+
 @pytest.mark.parametrize("name", ["bpt-k4-n1000", "random-tree-n40", "bpt-k2-causal-n100"])
 def test_float32_matches_the_float64_reference(name):
     build, lengths = GRAPHS[name]
@@ -135,7 +145,8 @@ def test_dropout_seeds_differ_and_keep_about_one_minus_p():
     assert abs(kept - (1 - dropout_p)) < 0.02, kept
 
 
-def test_results_do_not_depend_on_the_thread_count():
+def test_results_do_not_depend_on_the_thread_count(monkeypatch):
+    monkeypatch.setattr(cpu_backend, "TILES_PER_ITEM", 4)  # split blocks too
     graph = bpt_graph(1000, 4)
     tensors, mask = leaves(graph, [1000, 600], torch.float32, 64)
     threads = torch.get_num_threads()
@@ -166,9 +177,18 @@ def test_bad_inputs_raise_clear_errors(extension):
                           [], 32, 32, 2, 0, 1.0, 0.0, 0)
 
 
-def test_auto_uses_the_kernel_on_cpu_tree_graphs_above_the_dense_size():
-    small = torch.randn(1, 1, registry.CPU_KERNEL_MIN_NODES, 32)
-    large = torch.randn(1, 1, bpt_graph(512, 4).num_nodes, 32)
-    assert registry.auto_backend(large, bpt_graph(512, 4)) == "cpu"
-    assert registry.auto_backend(small, None) == "torch"
-    assert registry.auto_backend(large.double(), random_tree_graph(512, 2)) == "cpu"
+def test_auto_keeps_the_torch_backend_on_cpu_until_the_kernel_is_measured_faster():
+    graph = bpt_graph(512, 4)
+    assert registry.auto_backend(torch.randn(1, 1, graph.num_nodes, 32), graph) == "torch"
+
+
+def test_auto_uses_the_kernel_where_preferred_on_tree_graphs_above_the_dense_size(monkeypatch):
+    monkeypatch.setattr(registry, "CPU_AUTO_PREFERENCE", ("cpu",))
+    graph, small = bpt_graph(512, 4), bpt_graph(40, 4)
+    assert registry.auto_backend(torch.randn(1, 1, graph.num_nodes, 32), graph) == "cpu"
+    assert registry.auto_backend(torch.randn(1, 1, small.num_nodes, 32), small) == "torch"
+    tree_free = random_tree_graph(512, 2)
+    tree_free = type(tree_free)(tree_free.num_nodes, tree_free.indptr, tree_free.indices,
+                                tree_free.edge_type, tree_free.num_edge_types)
+    assert registry.auto_backend(torch.randn(1, 1, tree_free.num_nodes, 32), tree_free) == "torch"
+    assert registry.auto_backend(torch.randn(1, 1, graph.num_nodes, 32).half(), graph) == "torch"

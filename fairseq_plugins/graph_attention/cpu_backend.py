@@ -27,6 +27,10 @@ DTYPES = (torch.float32, torch.float64)
 # query rows x key columns of a tile (measured on 64-dim heads, see docs/design_notes.md)
 BLOCK_M = 32
 BLOCK_N = 32
+# A work item walks at most this many tiles: only the long blocks (the root and the coarse
+# spans read every token) are split, so that they spread over the threads; the GPU's 16 would
+# split most blocks at k = 64 and the part buffers would cost as much memory as the output.
+TILES_PER_ITEM = 128
 # the build is for the CPU that builds it (the cache is per user and machine): AVX2/AVX-512
 # for the softmax loops, which ``#pragma omp simd`` vectorizes (reductions in a fixed lane
 # order); no errno from math functions, so that they vectorize
@@ -109,7 +113,7 @@ def cpu_graph_attention(query, key, value, graph, rel_key=None, key_padding_mask
         scale = query.size(-1) ** -0.5
     if graph.num_edges == 0:  # no row has a key
         return torch.zeros_like(query)
-    plan = plan_on(graph, BLOCK_M, BLOCK_N, "cpu")
+    plan = plan_on(graph, BLOCK_M, BLOCK_N, "cpu", TILES_PER_ITEM)
     return CpuGraphAttention.apply(query, key, value, rel_key, key_padding_mask, plan,
                                    float(scale), float(dropout_p))
 

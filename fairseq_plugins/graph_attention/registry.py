@@ -13,8 +13,8 @@ package; the optional ones (``OPTIONAL_BACKENDS``) are imported on the first cal
 cannot be imported stays unregistered.
 
 ``backend="auto"`` trusts a fast backend only after it has checked itself: on the first call
-for a device, dtype and head dim, each registered backend of ``AUTO_PREFERENCE`` (on CPU: the
-fused ``"cpu"`` kernel, for tree-laid graphs above ``CPU_KERNEL_MIN_NODES``) that can run
+for a device, dtype and head dim, each registered backend of ``AUTO_PREFERENCE`` (on CPU:
+``CPU_AUTO_PREFERENCE``, for tree-laid graphs above ``CPU_KERNEL_MIN_NODES``) that can run
 there computes a small padded BPT graph forward and backward, compared with the torch backend
 (a few milliseconds, remembered for the process). The first that passes is used; one that
 fails is named in a single warning and skipped, and the torch backend is the last resort.
@@ -38,8 +38,11 @@ OPTIONAL_BACKENDS = (
 # fast backends "auto" may use on a CUDA tensor, best first (until a GPU measurement says
 # otherwise); one that is not registered is skipped
 AUTO_PREFERENCE = ("triton", "cuda")
-# On CPU tensors "auto" uses the fused kernel ("cpu") for tree-laid graphs of more nodes than
-# this, where it was measured faster than the torch backend (docs/bpt.md, "Measured")
+# fast backends "auto" may use on a CPU tensor over a tree-laid graph of more than
+# CPU_KERNEL_MIN_NODES nodes (smaller ones take the torch backend's dense path, one SDPA
+# call), best first. Empty for now: the fused "cpu" kernel is still slower than the torch
+# tree path at every size measured (docs/bpt.md, "Measured"); it goes here once it is not.
+CPU_AUTO_PREFERENCE: Tuple[str, ...] = ()
 CPU_KERNEL_MIN_NODES = 96
 # allowed max |backend - torch| relative to the reference's magnitude, per dtype
 SELF_CHECK_TOLERANCE = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 5e-2}
@@ -83,9 +86,9 @@ def graph_attention(
         span that covers only padding): never attended to.
     A query row with no present in-neighbour returns zeros (and zero gradients).
     dropout_p: attention-probability dropout (applied after softmax, like fairseq).
-    backend: "auto" or a registered name ("torch", "cpu", "cuda", "flex", ...); "auto" = on
-        CUDA the first of ``AUTO_PREFERENCE`` that runs here and passed its self-check, on CPU
-        "cpu" for large tree-laid graphs once it passed its self-check, else "torch".
+    backend: "auto" or a registered name ("torch", "cpu", "cuda", "flex", ...); "auto" = the
+        first of ``AUTO_PREFERENCE`` (CUDA) or ``CPU_AUTO_PREFERENCE`` (CPU, large tree-laid
+        graphs) that runs here and passed its self-check, else "torch".
         Returns [B, H, N, D].
     """
     _check_inputs(query, key, value, graph, rel_key, key_padding_mask)
@@ -129,13 +132,13 @@ def wants_fast_backend(query: torch.Tensor) -> bool:
 
 def auto_backend(query: torch.Tensor, graph: Optional[AttentionGraph] = None) -> str:
     """The backend ``backend="auto"`` uses for ``query`` over ``graph`` (see the module
-    docstring): on CPU tensors the fused kernel for tree-laid graphs above
+    docstring): on CPU tensors, ``CPU_AUTO_PREFERENCE`` for tree-laid graphs above
     ``CPU_KERNEL_MIN_NODES`` nodes."""
     if wants_fast_backend(query):
         candidates = AUTO_PREFERENCE
     elif (query.device.type == "cpu" and graph is not None and graph.tree is not None
           and graph.num_nodes > CPU_KERNEL_MIN_NODES):
-        candidates = ("cpu",)
+        candidates = CPU_AUTO_PREFERENCE
     else:
         candidates = ()
     for name in candidates:
