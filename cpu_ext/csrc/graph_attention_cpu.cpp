@@ -4,7 +4,8 @@
 // A query block (block_m query slots, in tree order) reads a few tiles of block_n
 // consecutive key nodes; a tile's int16 types say which (row, key) pairs are edges and which
 // relative key they add (-1 = no edge). Keys of a tile are contiguous rows of K and V, so the
-// products run on pointers into the inputs: no gather, no [rows x keys] storage. Only the
+// products run on pointers into the inputs (keys transposed into a tile buffer where a
+// product needs them so): no [rows x keys] storage. Only the
 // log-sum-exp per row is saved; the backward recomputes the probabilities (FA2):
 //   forward      per (batch x head, query work item): online softmax, O, lse
 //   backward dQ  per (batch x head, query work item): dS = P (dP - Delta), dQ = dS K, and the
@@ -30,38 +31,11 @@
 
 namespace {
 
-// The Fortran BLAS that torch's CPU library exports (MKL on x86 wheels). A torch without it
-// fails to load this extension, which leaves the torch backend in use.
-extern "C" {
-void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*,
-            const float*, const int*, const float*, const int*, const float*, float*,
-            const int*);
-void dgemm_(const char*, const char*, const int*, const int*, const int*, const double*,
-            const double*, const int*, const double*, const int*, const double*, double*,
-            const int*);
-}
-
-// Row-major C[M, N] = alpha op(A) op(B) + beta C through the column-major gemm: the row-major
-// product is the column-major product of the transposes, with A and B swapped.
-template <typename T>
-void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha,
-            const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  const char ta = trans_b ? 't' : 'n', tb = trans_a ? 't' : 'n';
-  const int mm = static_cast<int>(n), nn = static_cast<int>(m), kk = static_cast<int>(k);
-  const int la = static_cast<int>(ldb), lb = static_cast<int>(lda), lc = static_cast<int>(ldc);
-  if constexpr (std::is_same_v<T, float>) {
-    sgemm_(&ta, &tb, &mm, &nn, &kk, &alpha, b, &la, a, &lb, &beta, c, &lc);
-  } else {
-    dgemm_(&ta, &tb, &mm, &nn, &kk, &alpha, b, &la, a, &lb, &beta, c, &lc);
-  }
-}
-
-// The tile products (32 x 32 x 64 and alike): a register-blocked kernel, C[m, n] (+)= alpha
-// A[m, k] B[k, n], row-major with leading dimensions. MKL's sgemm packs both operands on
-// every call at these sizes (a third of its time, on the AMD EPYC measured); this kernel
-// keeps kRows x 2 vectors of C in registers and reads A and B in place. Also deterministic:
-// the same sums in the same order for any thread count.
+// Every product (tiles of 32 x 32 x 64 and alike): a register-blocked kernel, C[m, n] (+)=
+// alpha A[m, k] B[k, n], row-major with leading dimensions. MKL's sgemm packs both operands
+// on every call at these sizes (a third of its time, on the AMD EPYC measured) and its
+// results changed with the thread count; this kernel keeps kRows x 2 vectors of C in
+// registers, reads A and B in place, and sums in one fixed order.
 // 32-byte GCC vectors (attributes on a dependent type would be ignored, hence one typedef
 // per scalar type), loaded and stored unaligned through memcpy
 typedef float VecFloat __attribute__((vector_size(32)));
@@ -162,8 +136,7 @@ inline float softmax_exp(float x) {
 }
 inline double softmax_exp(double x) { return std::exp(x); }
 
-// 64-byte aligned scratch (the BLAS may pick its code path by alignment: a fixed alignment
-// keeps results independent of where a thread's buffers land).
+// A work item's buffers, 64-byte aligned (whole cache lines: no false sharing between threads).
 template <typename T>
 struct Scratch {
   std::unique_ptr<T, decltype(&std::free)> data{nullptr, &std::free};
@@ -253,8 +226,9 @@ void gather_slots(const Problem<T>& p, const T* src, int64_t bh, int64_t first, 
 template <typename T>
 void relative_scores(const Problem<T>& p, const T* rows, int64_t count, int64_t lo,
                      int64_t width, T* out) {
-  matmul<T>(false, true, count, width, p.d, p.scale, rows, p.d, p.rel + lo * p.d, p.d, T(0),
-            out, width);
+  Scratch<T> rel_t(p.d * width);
+  transpose_rows(p.rel + lo * p.d, width, p.d, rel_t.get(), width);
+  tile_gemm<T>(count, width, p.d, p.scale, rows, p.d, rel_t.get(), width, false, out, width);
 }
 
 // Scores of a tile in place: scale * q . k (already in s) + relative term, -inf off the graph
@@ -464,10 +438,12 @@ void backward_query_item(const Problem<T>& p, const Tiles& tiles, int64_t bh, in
     tile_gemm<T>(bm, d, cols, p.scale, dp.get(), bn, keys, d, true, acc.get(), d);
   }
   if (width) {  // dQ += scale G rel_key, d rel_key += scale G^T Q
-    matmul<T>(false, false, bm, d, width, p.scale, type_grad.get(), width, p.rel + lo * d, d,
-              T(1), acc.get(), d);
-    matmul<T>(true, false, width, d, bm, p.scale, type_grad.get(), width, q_rows.get(), d,
-              T(1), grad_rel + lo * d, d);
+    tile_gemm<T>(bm, d, width, p.scale, type_grad.get(), width, p.rel + lo * d, d, true,
+                 acc.get(), d);
+    Scratch<T> type_grad_t(width * bm);
+    transpose_rows(type_grad.get(), bm, width, type_grad_t.get(), bm);
+    tile_gemm<T>(width, d, bm, p.scale, type_grad_t.get(), bm, q_rows.get(), d, true,
+                 grad_rel + lo * d, d);
   }
   for (int64_t r = 0; r < bm; ++r) {
     T* g;

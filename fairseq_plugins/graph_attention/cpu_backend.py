@@ -3,8 +3,8 @@
 The torch tree path issues thousands of small ATen calls per step that run one after the
 other; this kernel walks the same tiles as the Triton GPU kernels (``tile_plan``: query
 blocks in tree order, each over a few tiles of consecutive keys) with one
-``at::parallel_for`` over (batch x head, work item), BLAS products on pointers into q, k
-and v, an online softmax, and only the log-sum-exp saved for an FA2-style backward: no
+``at::parallel_for`` over (batch x head, work item), register-blocked tile products on
+pointers into q, k and v, an online softmax, and only the log-sum-exp saved for an FA2-style backward: no
 [rows x keys] probabilities are stored, so memory grows like dense SDPA's at every k.
 
 float32 and float64 (the tests compare float64 with the reference to ~1e-12); other dtypes
