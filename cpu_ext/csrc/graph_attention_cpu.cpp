@@ -78,6 +78,17 @@ inline void gemm_rows(int64_t n, int64_t k, T alpha, const T* a, int64_t lda, co
       }
     }
   }
+  for (; j + lanes <= n; j += lanes) {  // one vector of columns left over
+    Vec<T> acc[Rows] = {};
+    for (int64_t p = 0; p < k; ++p) {
+      const Vec<T> b0 = load(b + p * ldb + j);
+      for (int r = 0; r < Rows; ++r) acc[r] += a[r * lda + p] * b0;
+    }
+    for (int r = 0; r < Rows; ++r) {
+      T* out = c + r * ldc + j;
+      store(out, accumulate ? load(out) + alpha * acc[r] : alpha * acc[r]);
+    }
+  }
   for (; j < n; ++j) {  // the columns left over
     for (int r = 0; r < Rows; ++r) {
       T sum = 0;

@@ -32,13 +32,14 @@ BLOCK_N = 32
 # split most blocks at k = 64 and the part buffers would cost as much memory as the output.
 TILES_PER_ITEM = 128
 # the build is for the CPU that builds it (the cache is per user and machine): AVX2/AVX-512
-# for the softmax loops, which ``#pragma omp simd`` vectorizes (reductions in a fixed lane
-# order); no errno from math functions, so that they vectorize
-CXX_FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno")
+# for the tile products and the softmax loops, which ``#pragma omp simd`` vectorizes
+# (reductions in a fixed lane order); OpenMP, without which at::parallel_for (inline in
+# torch's headers) runs serially; no errno from math functions, so that they vectorize
+CXX_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno")
 
 EXTENSION = Extension(
     "fairseq_plugins_graph_attention_cpu", "cpu_ext", f"torch{torch.__version__}",
-    (SOURCE_DIR / "graph_attention_cpu.cpp",), cflags=CXX_FLAGS)
+    (SOURCE_DIR / "graph_attention_cpu.cpp",), cflags=CXX_FLAGS, ldflags=("-fopenmp",))
 
 
 def load_extension(verbose: bool = False):
