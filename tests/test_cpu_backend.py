@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from fairseq_plugins.graph_attention import cpu_backend, graph_attention, registry
-from fairseq_plugins.graphs.binary_partition import bpt_graph, node_present, segtree_graph
-from tests.graph_fixtures import random_tree_graph
+from fairseq_plugins.graphs.binary_partition import bpt_graph, node_present
+from tests.graph_fixtures import TILED_GRAPHS, random_tree_graph
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -24,19 +24,8 @@ def extension():
 
 
 GRAPHS = {
-    "bpt-k1-n1": (lambda: bpt_graph(1, 1), [1]),
-    "bpt-k1-n2": (lambda: bpt_graph(2, 1), [2, 1]),
-    "bpt-k1-n3": (lambda: bpt_graph(3, 1), [3, 2]),
-    "bpt-k2-n5": (lambda: bpt_graph(5, 2), [5, 3]),
-    "bpt-k2-n17": (lambda: bpt_graph(17, 2), [17, 9]),
-    "bpt-k8-n64": (lambda: bpt_graph(64, 8), [64, 33]),
-    "bpt-k4-n100": (lambda: bpt_graph(100, 4), [100, 57]),
-    "bpt-k2-causal-n100": (lambda: bpt_graph(100, 2, causal=True), [100, 40]),
-    "segtree-n64": (lambda: segtree_graph(64), [64, 30]),
-    "random-tree-n40": (lambda: random_tree_graph(40, 6), [40, 40]),
-    "bpt-k4-n257": (lambda: bpt_graph(257, 4), [257, 200]),
+    **TILED_GRAPHS,
     "bpt-k64-n257": (lambda: bpt_graph(257, 64), [257, 100]),
-    "bpt-k4-n1000": (lambda: bpt_graph(1000, 4), [1000, 700]),
     "bpt-k1-empty-sentence-n17": (lambda: bpt_graph(17, 1), [17, 0]),
 }
 

@@ -74,29 +74,26 @@ class CpuGraphAttention(torch.autograd.Function):
         out, lse, part_out, part_lse = ext.forward(
             q, k, v, rel, pad, _plan_tensors(plan), plan.block_m, plan.block_n, heads,
             plan.query_work.num_parts, scale, dropout_p, seed)
-        if plan.query_work.num_parts:
-            merge_forward(out, lse, part_out, part_lse, plan)
+        merge_forward(out, lse, part_out, part_lse, plan)
         ctx.save_for_backward(q, k, v, out, lse, rel_key, rel, pad)
-        ctx.plan, ctx.scale, ctx.dropout_p, ctx.seed = plan, scale, dropout_p, seed
-        ctx.shape = query.shape
+        ctx.plan, ctx.heads = plan, heads
+        ctx.scalars = (scale, dropout_p, seed)  # the backward's trailing kernel arguments
         return out.view(query.shape)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
         q, k, v, out, lse, rel_key, rel, pad = ctx.saved_tensors
-        plan, shape = ctx.plan, ctx.shape
+        plan, shape = ctx.plan, grad_out.shape
         grad_out = grad_out.reshape(q.shape).to(q.dtype).contiguous()
         delta = (grad_out * out).sum(-1)
         grad_q, grad_k, grad_v, grad_rel, part_q, part_k, part_v = load_extension().backward(
             grad_out, q, k, v, rel, pad, lse, delta, _plan_tensors(plan), plan.block_m,
-            plan.block_n, shape[1], plan.query_work.num_parts, plan.key_work.num_parts,
-            ctx.scale, ctx.dropout_p, ctx.seed)
-        if plan.query_work.num_parts:
-            merge_sum(grad_q, part_q, plan, plan.query_work, True)
-        if plan.key_work.num_parts:
-            merge_sum(grad_k, part_k, plan, plan.key_work, False)
-            merge_sum(grad_v, part_v, plan, plan.key_work, False)
+            plan.block_n, ctx.heads, plan.query_work.num_parts, plan.key_work.num_parts,
+            *ctx.scalars)
+        merge_sum(grad_q, part_q, plan, plan.query_work, True)
+        merge_sum(grad_k, part_k, plan, plan.key_work, False)
+        merge_sum(grad_v, part_v, plan, plan.key_work, False)
         grad_rel = None if rel_key is None else grad_rel.to(rel_key.dtype)
         return (grad_q.view(shape), grad_k.view(shape), grad_v.view(shape), grad_rel, None,
                 None, None, None)

@@ -230,8 +230,10 @@ def _scatter_rows(target: torch.Tensor, values: torch.Tensor, nodes: torch.Tenso
 
 def merge_forward(out, lse, part_out, part_lse, plan: TilePlan) -> None:
     """Combine the parts of split query blocks by log-sum-exp (a part without keys: -inf);
-    rows without any key get lse = +inf."""
+    rows without any key get lse = +inf. Nothing to do without split blocks."""
     work = plan.query_work
+    if not work.num_parts:
+        return
     lses = _gather_parts(part_lse, work, float("-inf"))  # [S, parts, BH, BLOCK_M]
     total = torch.logsumexp(lses, 1)
     no_key = torch.isinf(total)
@@ -244,4 +246,6 @@ def merge_forward(out, lse, part_out, part_lse, plan: TilePlan) -> None:
 
 def merge_sum(target, parts, plan: TilePlan, work: WorkItems, query_major: bool) -> None:
     """Sum the parts of split blocks in a fixed order."""
+    if not work.num_parts:
+        return
     _scatter_rows(target, _gather_parts(parts, work).sum(1), _split_rows(plan, work, query_major))

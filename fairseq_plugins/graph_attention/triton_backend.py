@@ -164,8 +164,7 @@ class TritonGraphAttention(torch.autograd.Function):
         _launch("forward", (work.items.size(0), bh), q.dtype, dim, dropout_p > 0,
                 q, k, v, out, lse, part_out, part_lse, plan.slot_node, work.items,
                 plan.tile_start, plan.tile_types, *scalars)
-        if work.num_parts:
-            merge_forward(out, lse, part_out, part_lse, plan)
+        merge_forward(out, lse, part_out, part_lse, plan)
         ctx.save_for_backward(q, k, v, out, lse, rel_key, rel_table, pad)
         ctx.plan, ctx.scale, ctx.dropout_p, ctx.seed = plan, scale, dropout_p, seed
         ctx.shape = query.shape
@@ -190,8 +189,7 @@ class TritonGraphAttention(torch.autograd.Function):
         _launch("backward_query", (work.items.size(0), bh), q.dtype, dim, ctx.dropout_p > 0,
                 q, k, v, grad_out, lse, delta, grad_q, part_grad_q, grad_rows, plan.slot_node,
                 work.items, plan.tile_start, plan.tile_types, *scalars)
-        if work.num_parts:
-            merge_sum(grad_q, part_grad_q, plan, work, True)
+        merge_sum(grad_q, part_grad_q, plan, work, True)
 
         work = plan.key_work
         grad_k, grad_v = (torch.empty(bh, num_nodes, dim, device=device) for _ in range(2))
@@ -201,9 +199,8 @@ class TritonGraphAttention(torch.autograd.Function):
                 q, k, v, grad_out, lse, delta, grad_k, grad_v, part_grad_k, part_grad_v,
                 plan.slot_node, plan.slot_node.numel(), work.items, plan.window_start,
                 plan.window_types, *scalars)
-        if work.num_parts:
-            merge_sum(grad_k, part_grad_k, plan, work, False)
-            merge_sum(grad_v, part_grad_v, plan, work, False)
+        merge_sum(grad_k, part_grad_k, plan, work, False)
+        merge_sum(grad_v, part_grad_v, plan, work, False)
 
         grad_rel = None
         if rel_table is not None:  # d(score) summed per (row, type): the relative-key terms
