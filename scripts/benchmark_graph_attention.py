@@ -1,4 +1,4 @@
-"""Benchmark BPT graph attention (PyTorch backend) against dense attention on CPU.
+"""Benchmark BPT graph attention (``--backend``, default auto) against dense attention on CPU.
 
 For each length n (8192 tokens per batch, 8 heads, head dim 64) and each k, times forward +
 backward of (a) the attention op alone and (b) one full encoder layer (d 512, FFN 2048), with
@@ -10,10 +10,13 @@ shared machine hits all of them alike and shows. Peak memory: the growth of the 
 one forward+backward step (inputs and the graph's cached plan already there), each
 configuration in a fresh process. Prints ratios (dense / BPT: above 1 means BPT is faster or
 smaller), time(2n) / time(n) and, with two thread counts, BPT's speed-up from the first to the
-last; writes a markdown table and a PNG.
+last; writes a markdown table and a PNG. ``--backend`` picks the graph attention backend of
+BPT: auto (what the models use: the fused C++ kernel ``cpu`` where it is built and trusted),
+cpu, or torch (the pure-PyTorch tree path).
 
     python scripts/benchmark_graph_attention.py                       # full: n 256..8192
     python scripts/benchmark_graph_attention.py --lengths 1024 8192 --ks 4 --threads 1 2
+    python scripts/benchmark_graph_attention.py --backend torch      # the torch tree path
 """
 
 import argparse
@@ -32,7 +35,7 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def build_step(kind: str, n: int, k: int, tokens: int):
+def build_step(kind: str, n: int, k: int, tokens: int, backend: str):
     """A closure running one forward+backward of the configuration (k = 0: dense SDPA)."""
     import torch
     import torch.nn.functional as F
@@ -60,7 +63,7 @@ def build_step(kind: str, n: int, k: int, tokens: int):
         def step():
             q, key, v = qkv
             out = (F.scaled_dot_product_attention(q, key, v) if dense
-                   else graph_attention(q, key, v, graph, rel, backend="torch"))
+                   else graph_attention(q, key, v, graph, rel, backend=backend))
             out.backward(grad_out)
     else:
         class Layer(nn.Module):
@@ -68,7 +71,8 @@ def build_step(kind: str, n: int, k: int, tokens: int):
 
             def __init__(self):
                 super().__init__()
-                self.attn = GraphSelfAttention(model_dim, heads, 1 if dense else graph.num_edge_types)
+                self.attn = GraphSelfAttention(model_dim, heads, 1 if dense else graph.num_edge_types,
+                                               backend=backend)
                 self.norm1, self.norm2 = nn.LayerNorm(model_dim), nn.LayerNorm(model_dim)
                 self.ffn = nn.Sequential(nn.Linear(model_dim, 2048), nn.ReLU(),
                                          nn.Linear(2048, model_dim))
@@ -92,19 +96,19 @@ def build_step(kind: str, n: int, k: int, tokens: int):
         def step():
             layer(x).backward(grad_out)
 
-    if not dense:  # the graph's plan (cached on the graph, built once per length) is not a step
-        small = torch.zeros(1, 1, nodes, dim)
+    if not dense:  # the graph's plans (cached on the graph, built once per length) and the
+        small = torch.zeros(1, 1, nodes, dim)  # backend's self-check are not a step
         graph_attention(small, small, small, graph, torch.zeros(graph.num_edge_types, dim),
-                        backend="torch")
+                        backend=backend)
     return step
 
 
-def time_worker(kind: str, n: int, ks, tokens: int, repeats: int, threads) -> dict:
+def time_worker(kind: str, n: int, ks, tokens: int, repeats: int, threads, backend: str) -> dict:
     """Seconds of every forward+backward of dense (k = 0) and of every k at every thread
     count, run in alternation: {threads: {k: [seconds per round]}}."""
     import torch
 
-    steps = {k: build_step(kind, n, k, tokens) for k in [0] + list(ks)}
+    steps = {k: build_step(kind, n, k, tokens, backend) for k in [0] + list(ks)}
     seconds = {t: {k: [] for k in steps} for t in threads}
     for round_ in range(repeats + 1):
         for t in threads:
@@ -117,12 +121,12 @@ def time_worker(kind: str, n: int, ks, tokens: int, repeats: int, threads) -> di
     return {str(t): {str(k): v for k, v in by_k.items()} for t, by_k in seconds.items()}
 
 
-def memory_worker(kind: str, n: int, k: int, tokens: int, threads: int) -> float:
+def memory_worker(kind: str, n: int, k: int, tokens: int, threads: int, backend: str) -> float:
     """Peak RSS growth (MB) of one forward+backward, inputs already allocated."""
     import torch
 
     torch.set_num_threads(threads)
-    step = build_step(kind, n, k, tokens)
+    step = build_step(kind, n, k, tokens, backend)
     base = peak_rss_mb()
     step()
     return peak_rss_mb() - base
@@ -130,7 +134,8 @@ def memory_worker(kind: str, n: int, k: int, tokens: int, threads: int) -> float
 
 def run_worker(*worker_args, args) -> object:
     cmd = [sys.executable, __file__, "--worker", *map(str, worker_args), "--tokens",
-           str(args.tokens), "--repeats", str(args.repeats), "--threads", *map(str, args.threads)]
+           str(args.tokens), "--repeats", str(args.repeats), "--threads", *map(str, args.threads),
+           "--backend", args.backend]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -144,6 +149,8 @@ def main():
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds (after one warm-up)")
     parser.add_argument("--threads", type=int, nargs="+", default=[2],
                         help="thread counts, timed in alternation (memory: the last)")
+    parser.add_argument("--backend", default="auto", choices=["auto", "cpu", "torch"],
+                        help="graph attention backend of BPT (auto: what the models use)")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "graph_attention")
     parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -151,9 +158,10 @@ def main():
         mode, kind, n, *ks = args.worker
         if mode == "time":
             result = time_worker(kind, int(n), [int(k) for k in ks], args.tokens, args.repeats,
-                                 args.threads)
+                                 args.threads, args.backend)
         else:
-            result = memory_worker(kind, int(n), int(ks[0]), args.tokens, args.threads[-1])
+            result = memory_worker(kind, int(n), int(ks[0]), args.tokens, args.threads[-1],
+                                   args.backend)
         print(json.dumps(result))
         return
     if any(k < 1 for k in args.ks) or any(n < 1 for n in args.lengths):
@@ -178,7 +186,8 @@ def main():
     args.out.parent.mkdir(parents=True, exist_ok=True)
     load = Path("/proc/loadavg").read_text().split()[0] if Path("/proc/loadavg").exists() else "?"
     args.out.with_suffix(".md").write_text(
-        f"Forward+backward, {args.tokens} tokens per batch, 8 heads x 64, PyTorch backend vs "
+        f"Forward+backward, {args.tokens} tokens per batch, 8 heads x 64, BPT through the "
+        f"graph attention backend {args.backend!r} vs "
         f"F.scaled_dot_product_attention; medians of {args.repeats} alternating rounds, the range "
         f"of the per-round ratio in brackets; memory at {args.threads[-1]} threads. "
         f"{machine_line()} Load average at the end: {load}.\n\n{table}\n")

@@ -73,6 +73,9 @@ fi
 if [ -f scripts/build_cuda_ext.py ]; then
     "$PYTHON" scripts/build_cuda_ext.py
 fi
+if [ -f scripts/build_cpu_ext.py ]; then
+    "$PYTHON" scripts/build_cpu_ext.py || say "CPU kernel not built; the torch backend remains"
+fi
 
 "$PYTHON" -m fairseq_plugins.fairseq_fixes check >/dev/null
 say "done: fairseq $("$PYTHON" -c 'import fairseq; print(fairseq.__version__)' 2>/dev/null) with fixes, plugin at $PWD/fairseq_plugins"

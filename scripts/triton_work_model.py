@@ -5,7 +5,7 @@ No GPU here, so the speed argument is a model, and every time it prints is an ES
 the BPT paper's setting (6 layers, d 512, 8 heads of 64, 8192 tokens per batch, n 512-16384,
 k 1/4/16/64, bf16), per layer forward + backward:
 
-* triton: the kernels' actual launch plan (``triton_plan``): tensor-core tile FLOPs (forward
+* triton: the kernels' actual launch plan (``tile_plan``): tensor-core tile FLOPs (forward
   2 products per tile, dQ 3, dK/dV 4) and HBM bytes (see ``triton_work``); also in fp32,
   with the fp32 plan's tiles, 4-byte elements and three tf32 products per product (tf32x3);
 * dense: FlashAttention-2 over the n tokens (128 x 128 tiles; forward 2, backward 5 products);
@@ -35,7 +35,7 @@ from fairseq_plugins.graph_attention.flex_backend import graph_blocks  # noqa: E
 import torch  # noqa: E402
 
 from fairseq_plugins.graph_attention.triton_backend import tiles  # noqa: E402
-from fairseq_plugins.graph_attention.triton_plan import build_plan  # noqa: E402
+from fairseq_plugins.graph_attention.tile_plan import build_plan  # noqa: E402
 from fairseq_plugins.graphs.binary_partition import bpt_graph  # noqa: E402
 
 PEAK_FLOPS = 989e12  # H100 SXM dense bf16 tensor cores

@@ -11,34 +11,18 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
-from fairseq_plugins.graph_attention import graph_attention, triton_plan  # noqa: E402
+from fairseq_plugins.graph_attention import graph_attention, tile_plan  # noqa: E402
 from fairseq_plugins.graph_attention import triton_aot, triton_backend  # noqa: E402
-from fairseq_plugins.graphs.attention_graph import AttentionGraph, TreeLayout  # noqa: E402
 from fairseq_plugins.graphs.binary_partition import (  # noqa: E402
-    bpt_graph, node_present, segtree_graph, tree_level_sizes,
+    bpt_graph, node_present, segtree_graph,
 )
+from tests.graph_fixtures import TILED_GRAPHS, random_tree_graph  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not triton_backend.interpreted(),
                                 reason="needs TRITON_INTERPRET=1 (set by conftest without a GPU)")
 
 # max |error| / max(max |reference|, 1) per dtype; inputs are rounded to the dtype first
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
-
-
-def random_tree_graph(n: int, edges_per_row: int, seed: int = 0) -> AttentionGraph:
-    """A tree layout over n tokens with random edges between any nodes (some rows empty)."""
-    gen = torch.Generator().manual_seed(seed)
-    sizes = tree_level_sizes(n)
-    num_nodes = sum(sizes)
-    rows = torch.randint(0, num_nodes, (num_nodes * edges_per_row,), generator=gen)
-    cols = torch.randint(0, num_nodes, rows.shape, generator=gen)
-    pairs = torch.unique(rows * num_nodes + cols)
-    rows, cols = pairs // num_nodes, pairs % num_nodes
-    counts = torch.bincount(rows, minlength=num_nodes)
-    return AttentionGraph(num_nodes=num_nodes,
-                          indptr=torch.cat([counts.new_zeros(1), counts.cumsum(0)]),
-                          indices=cols, edge_type=torch.randint(0, 7, cols.shape, generator=gen),
-                          num_edge_types=7, tree=TreeLayout(n, sizes))
 
 
 def keep_mask(seed: int, batch_heads: int, num_nodes: int, dropout_p: float) -> torch.Tensor:
@@ -125,21 +109,7 @@ def check(graph, lengths, dtype=torch.float32, dropout_p=0.0, plan=None, seed=0,
     return out
 
 
-GRAPHS = {
-    "bpt-k1-n1": (lambda: bpt_graph(1, 1), [1]),
-    "bpt-k1-n2": (lambda: bpt_graph(2, 1), [2, 1]),
-    "bpt-k1-n3": (lambda: bpt_graph(3, 1), [3, 2]),
-    "bpt-k2-n5": (lambda: bpt_graph(5, 2), [5, 3]),
-    "bpt-k2-n17": (lambda: bpt_graph(17, 2), [17, 9]),
-    "bpt-k8-n64": (lambda: bpt_graph(64, 8), [64, 33]),
-    "bpt-k4-n100": (lambda: bpt_graph(100, 4), [100, 57]),
-    "bpt-k2-causal-n100": (lambda: bpt_graph(100, 2, causal=True), [100, 40]),
-    "segtree-n64": (lambda: segtree_graph(64), [64, 30]),
-    "random-tree-n40": (lambda: random_tree_graph(40, 6), [40, 40]),
-    "bpt-k4-n257": (lambda: bpt_graph(257, 4), [257, 200]),
-    "bpt-k4-n1000": (lambda: bpt_graph(1000, 4), [1000, 700]),
-    "bpt-k1-n2049": (lambda: bpt_graph(2049, 1), [2049]),
-}
+GRAPHS = {**TILED_GRAPHS, "bpt-k1-n2049": (lambda: bpt_graph(2049, 1), [2049])}
 
 
 @pytest.mark.parametrize("name", GRAPHS)
@@ -231,10 +201,10 @@ def test_dropout_uses_the_same_mask_forward_and_backward(dim):
     merged by log-sum-exp (forward) and fixed-order sums (gradients); fp32 at head dims 32
     and 128, the largest and the smallest tiles of the table."""
     graph = bpt_graph(64, 2)
-    for per_item, dropout_p in ((triton_plan.TILES_PER_ITEM, 0.3), (1, 0.3), (1, 0.0)):
+    for per_item, dropout_p in ((tile_plan.TILES_PER_ITEM, 0.3), (1, 0.3), (1, 0.0)):
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(triton_plan, "TILES_PER_ITEM", per_item)
-            plan = triton_plan.build_plan(graph, *triton_backend.tiles(torch.float32, dim))
+            patch.setattr(tile_plan, "TILES_PER_ITEM", per_item)
+            plan = tile_plan.build_plan(graph, *triton_backend.tiles(torch.float32, dim))
         assert per_item > 1 or plan.query_work.num_parts and plan.key_work.num_parts
         check(graph, [64, 40], dropout_p=dropout_p, plan=plan, dim=dim)
 
@@ -263,7 +233,7 @@ TILE_SIZES = sorted({triton_backend.tiles(t, d) for t in triton_backend.GPU_DTYP
 def test_plan_tiles_and_windows_hold_exactly_the_edges(m, n):
     """Every tile size of the table; the key side has m keys x n query slots."""
     for graph in (bpt_graph(300, 4), segtree_graph(100, causal=True), random_tree_graph(50, 9)):
-        plan = triton_plan.build_plan(graph, m, n)
+        plan = tile_plan.build_plan(graph, m, n)
         nodes_n = graph.num_nodes
         expected = torch.full((nodes_n, nodes_n + max(m, n)), -1)
         expected[graph.rows(), graph.indices] = graph.edge_type

@@ -14,19 +14,14 @@ by type, and the graph's index contents are validated.
 one here, the CPU host emulation in the tests (``tests/cuda_ext_emulation.py``).
 """
 
-import logging
-import os
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch.utils import cpp_extension
 
+from fairseq_plugins.graph_attention.extension_build import Extension
 from fairseq_plugins.graph_attention.registry import register_backend
 from fairseq_plugins.graphs.attention_graph import AttentionGraph
-
-logger = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).resolve().parents[2] / "cuda_ext" / "csrc"
 SOURCES = (SOURCE_DIR / "graph_attention.cpp", SOURCE_DIR / "graph_attention_kernels.cu")
@@ -44,55 +39,26 @@ SPLIT_EDGES = 256
 TYPE_WINDOW = 128
 INT32_MAX = 2**31 - 1
 
-_lock = threading.Lock()
-_extension = None
-_load_error = None
+EXTENSION = Extension(
+    "fairseq_plugins_graph_attention_cuda", "cuda_ext",
+    f"torch{torch.__version__}-cuda{torch.version.cuda}", SOURCES, cflags=CXX_FLAGS,
+    cuda_cflags=NVCC_FLAGS, include_dirs=(SOURCE_DIR,),
+    requirement=lambda: None if torch.version.cuda else "this torch build has no CUDA support")
 
 
 def build_directory() -> Path:
     """Where the extension is built and cached, one folder per torch/CUDA version."""
-    root = Path(os.environ.get("FAIRSEQ_PLUGINS_CACHE", Path.home() / ".cache" / "fairseq_plugins"))
-    tag = f"torch{torch.__version__}-cuda{torch.version.cuda}".replace("+", "_")
-    return root / "cuda_ext" / tag
+    return EXTENSION.build_directory()
 
 
 def load_extension(verbose: bool = False):
     """Build (first time, a few minutes) or load the cached extension; raises on failure."""
-    global _extension
-    with _lock:
-        if _extension is None:
-            missing = [str(s) for s in SOURCES if not s.is_file()]
-            if missing:
-                raise RuntimeError(f"graph_attention_cuda: sources not found: {missing}")
-            if torch.version.cuda is None:
-                raise RuntimeError("graph_attention_cuda: this torch build has no CUDA support")
-            directory = build_directory()
-            directory.mkdir(parents=True, exist_ok=True)
-            _extension = cpp_extension.load(
-                name="fairseq_plugins_graph_attention_cuda",
-                sources=[str(s) for s in SOURCES],
-                extra_cflags=list(CXX_FLAGS),
-                extra_cuda_cflags=list(NVCC_FLAGS),
-                extra_include_paths=[str(SOURCE_DIR)],
-                build_directory=str(directory),
-                verbose=verbose,
-            )
-    return _extension
+    return EXTENSION.load(verbose)
 
 
 def extension_available() -> bool:
     """True when the kernels are built (or can be built now) and a GPU is present."""
-    global _load_error
-    if not torch.cuda.is_available():
-        return False
-    if _load_error is None:
-        try:
-            load_extension()
-        except Exception as error:  # a broken toolchain must not break the torch backend
-            _load_error = error
-            logger.warning("graph attention CUDA kernels unavailable, using the torch "
-                           "backend: %s", error)
-    return _load_error is None
+    return torch.cuda.is_available() and EXTENSION.available()
 
 
 def supports(query: torch.Tensor) -> bool:

@@ -13,7 +13,8 @@ package; the optional ones (``OPTIONAL_BACKENDS``) are imported on the first cal
 cannot be imported stays unregistered.
 
 ``backend="auto"`` trusts a fast backend only after it has checked itself: on the first call
-for a device, dtype and head dim, each registered backend of ``AUTO_PREFERENCE`` that can run
+for a device, dtype and head dim, each registered backend of ``AUTO_PREFERENCE`` (on CPU:
+``CPU_AUTO_PREFERENCE``, for tree-laid graphs above ``CPU_KERNEL_MIN_NODES``) that can run
 there computes a small padded BPT graph forward and backward, compared with the torch backend
 (a few milliseconds, remembered for the process). The first that passes is used; one that
 fails is named in a single warning and skipped, and the torch backend is the last resort.
@@ -29,6 +30,7 @@ from fairseq_plugins.graphs.attention_graph import AttentionGraph
 from fairseq_plugins.graphs.binary_partition import bpt_graph, node_present
 
 OPTIONAL_BACKENDS = (
+    "fairseq_plugins.graph_attention.cpu_backend",
     "fairseq_plugins.graph_attention.cuda_backend",
     "fairseq_plugins.graph_attention.flex_backend",
     "fairseq_plugins.graph_attention.triton_backend",
@@ -36,6 +38,12 @@ OPTIONAL_BACKENDS = (
 # fast backends "auto" may use on a CUDA tensor, best first (until a GPU measurement says
 # otherwise); one that is not registered is skipped
 AUTO_PREFERENCE = ("triton", "cuda")
+# fast backends "auto" may use on a CPU tensor over a tree-laid graph of more than
+# CPU_KERNEL_MIN_NODES nodes (smaller ones take the torch backend's dense path, one SDPA
+# call), best first. Empty for now: the fused "cpu" kernel is still slower than the torch
+# tree path at every size measured (docs/bpt.md, "Measured"); it goes here once it is not.
+CPU_AUTO_PREFERENCE: Tuple[str, ...] = ()
+CPU_KERNEL_MIN_NODES = 96
 # allowed max |backend - torch| relative to the reference's magnitude, per dtype
 SELF_CHECK_TOLERANCE = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 
@@ -78,8 +86,9 @@ def graph_attention(
         span that covers only padding): never attended to.
     A query row with no present in-neighbour returns zeros (and zero gradients).
     dropout_p: attention-probability dropout (applied after softmax, like fairseq).
-    backend: "auto" or a registered name ("torch", "cuda", "flex", ...); "auto" = the first
-        of ``AUTO_PREFERENCE`` that runs here and passed its self-check, else "torch".
+    backend: "auto" or a registered name ("torch", "cpu", "cuda", "flex", ...); "auto" = the
+        first of ``AUTO_PREFERENCE`` (CUDA) or ``CPU_AUTO_PREFERENCE`` (CPU, large tree-laid
+        graphs) that runs here and passed its self-check, else "torch".
         Returns [B, H, N, D].
     """
     _check_inputs(query, key, value, graph, rel_key, key_padding_mask)
@@ -87,7 +96,7 @@ def graph_attention(
         scale = query.size(-1) ** -0.5
     _load_optional_backends()
     if backend == "auto":
-        backend = auto_backend(query)
+        backend = auto_backend(query, graph)
     if backend not in _BACKENDS:
         raise ValueError(f"graph attention backend {backend!r} is not registered "
                          f"(available: {sorted(_BACKENDS)})")
@@ -121,13 +130,21 @@ def wants_fast_backend(query: torch.Tensor) -> bool:
     return query.is_cuda
 
 
-def auto_backend(query: torch.Tensor) -> str:
-    """The backend ``backend="auto"`` uses for ``query`` (see the module docstring)."""
+def auto_backend(query: torch.Tensor, graph: Optional[AttentionGraph] = None) -> str:
+    """The backend ``backend="auto"`` uses for ``query`` over ``graph`` (see the module
+    docstring): on CPU tensors, ``CPU_AUTO_PREFERENCE`` for tree-laid graphs above
+    ``CPU_KERNEL_MIN_NODES`` nodes."""
     if wants_fast_backend(query):
-        for name in AUTO_PREFERENCE:
-            entry = _BACKENDS.get(name)
-            if entry is not None and entry[1](query) and passes_self_check(name, query):
-                return name
+        candidates = AUTO_PREFERENCE
+    elif (query.device.type == "cpu" and graph is not None and graph.tree is not None
+          and graph.num_nodes > CPU_KERNEL_MIN_NODES):
+        candidates = CPU_AUTO_PREFERENCE
+    else:
+        candidates = ()
+    for name in candidates:
+        entry = _BACKENDS.get(name)
+        if entry is not None and entry[1](query) and passes_self_check(name, query):
+            return name
     return "torch"
 
 
@@ -144,8 +161,8 @@ def passes_self_check(name: str, query: torch.Tensor) -> bool:
             _SELF_CHECKS[key] = f"{type(error).__name__}: {error}"
             warnings.warn(f"graph attention backend {name!r} failed its self-check on "
                           f"{query.device} / {query.dtype} / head dim {query.size(-1)} and "
-                          f"is not used there ({_SELF_CHECKS[key]}); using the next backend "
-                          f"of {AUTO_PREFERENCE}, else 'torch'", RuntimeWarning, stacklevel=3)
+                          f"is not used there ({_SELF_CHECKS[key]}); using the next fast "
+                          f"backend, else 'torch'", RuntimeWarning, stacklevel=3)
     return _SELF_CHECKS[key] is None
 
 

@@ -1,7 +1,7 @@
 """The ``"triton"`` backend of ``graph_attention``: flash attention over the bands of a tree.
 
 Forward: one program per (query block or part of it, sentence x head) walks the block's key
-tiles (``triton_plan``) with an online softmax in fp32 and saves the log-sum-exp. Backward,
+tiles (``tile_plan``) with an online softmax in fp32 and saves the log-sum-exp. Backward,
 FA2 style: Delta = rowsum(dO * O); dQ per query block; dK/dV per aligned key block over the
 windows of query slots that read it. Parts of split blocks are merged here, in a fixed order.
 
@@ -27,7 +27,7 @@ from torch.autograd.function import once_differentiable
 
 from fairseq_plugins.graph_attention import triton_kernels  # ImportError without Triton
 from fairseq_plugins.graph_attention.registry import register_backend
-from fairseq_plugins.graph_attention.triton_plan import TilePlan, WorkItems, plan_on
+from fairseq_plugins.graph_attention.tile_plan import TilePlan, merge_forward, merge_sum, plan_on
 
 HEAD_DIMS = (32, 64, 128)
 GPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -127,45 +127,6 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
-def _split_rows(plan: TilePlan, work: WorkItems, query_major: bool) -> torch.Tensor:
-    """Graph node [S, block] of every row of each split block (-1 = none)."""
-    blocks = work.split_blocks
-    if query_major:
-        slots = blocks[:, None] * plan.block_m + torch.arange(plan.block_m, device=blocks.device)
-        return plan.slot_node[slots].long()
-    keys = blocks[:, None] * plan.block_m + torch.arange(plan.block_m, device=blocks.device)
-    return torch.where(keys < plan.num_nodes, keys, -1)
-
-
-def _gather_parts(parts: torch.Tensor, work: WorkItems, fill=0.0) -> torch.Tensor:
-    """[S, max parts, BH, rows, ...] parts of each split block (``fill`` where padded)."""
-    return torch.cat([parts, parts.new_full((1, *parts.shape[1:]), fill)])[work.part_index]
-
-
-def _scatter_rows(target: torch.Tensor, values: torch.Tensor, nodes: torch.Tensor) -> None:
-    """target[bh, nodes[s, r]] = values[s, bh, r] where nodes >= 0 (distinct nodes)."""
-    present = nodes >= 0
-    target[:, nodes[present]] = values.transpose(0, 1)[:, present].to(target.dtype)
-
-
-def _merge_forward(out, lse, part_out, part_lse, plan: TilePlan) -> None:
-    """Combine the parts of split query blocks by log-sum-exp (a part without keys: -inf)."""
-    work = plan.query_work
-    lses = _gather_parts(part_lse, work, float("-inf"))  # [S, parts, BH, BLOCK_M]
-    total = torch.logsumexp(lses, 1)
-    no_key = torch.isinf(total)
-    weights = torch.exp(lses - torch.where(no_key, 0.0, total)[:, None])
-    merged = (weights[..., None] * _gather_parts(part_out, work)).sum(1)
-    nodes = _split_rows(plan, work, True)
-    _scatter_rows(out, merged, nodes)
-    _scatter_rows(lse, torch.where(no_key, float("inf"), total), nodes)
-
-
-def _merge_sum(target, parts, plan: TilePlan, work: WorkItems, query_major: bool) -> None:
-    """Sum the parts of split blocks in a fixed order."""
-    _scatter_rows(target, _gather_parts(parts, work).sum(1), _split_rows(plan, work, query_major))
-
-
 def _scalars(rel_table, pad, lse, num_nodes, heads, batch_heads, scale, seed, dropout_p):
     """The trailing kernel arguments shared by the three kernels (without relative keys,
     the table's pointer is lse, never read)."""
@@ -203,8 +164,7 @@ class TritonGraphAttention(torch.autograd.Function):
         _launch("forward", (work.items.size(0), bh), q.dtype, dim, dropout_p > 0,
                 q, k, v, out, lse, part_out, part_lse, plan.slot_node, work.items,
                 plan.tile_start, plan.tile_types, *scalars)
-        if work.num_parts:
-            _merge_forward(out, lse, part_out, part_lse, plan)
+        merge_forward(out, lse, part_out, part_lse, plan)
         ctx.save_for_backward(q, k, v, out, lse, rel_key, rel_table, pad)
         ctx.plan, ctx.scale, ctx.dropout_p, ctx.seed = plan, scale, dropout_p, seed
         ctx.shape = query.shape
@@ -229,8 +189,7 @@ class TritonGraphAttention(torch.autograd.Function):
         _launch("backward_query", (work.items.size(0), bh), q.dtype, dim, ctx.dropout_p > 0,
                 q, k, v, grad_out, lse, delta, grad_q, part_grad_q, grad_rows, plan.slot_node,
                 work.items, plan.tile_start, plan.tile_types, *scalars)
-        if work.num_parts:
-            _merge_sum(grad_q, part_grad_q, plan, work, True)
+        merge_sum(grad_q, part_grad_q, plan, work, True)
 
         work = plan.key_work
         grad_k, grad_v = (torch.empty(bh, num_nodes, dim, device=device) for _ in range(2))
@@ -240,9 +199,8 @@ class TritonGraphAttention(torch.autograd.Function):
                 q, k, v, grad_out, lse, delta, grad_k, grad_v, part_grad_k, part_grad_v,
                 plan.slot_node, plan.slot_node.numel(), work.items, plan.window_start,
                 plan.window_types, *scalars)
-        if work.num_parts:
-            _merge_sum(grad_k, part_grad_k, plan, work, False)
-            _merge_sum(grad_v, part_grad_v, plan, work, False)
+        merge_sum(grad_k, part_grad_k, plan, work, False)
+        merge_sum(grad_v, part_grad_v, plan, work, False)
 
         grad_rel = None
         if rel_table is not None:  # d(score) summed per (row, type): the relative-key terms

@@ -1,6 +1,6 @@
 """Triton kernels of the ``triton`` graph-attention backend: flash attention over a tile plan.
 
-The plan (``triton_plan``) cuts the graph's query rows, in tree order, into blocks of
+The plan (``tile_plan``) cuts the graph's query rows, in tree order, into blocks of
 ``BLOCK_M`` slots and gives each block a few key tiles: ``BLOCK_N`` consecutive key nodes
 starting anywhere, with an int16 tile of edge types (-1 = no edge). The key-major side of the
 backward has the transposed tiles: aligned blocks of ``BLOCK_N`` keys (its constexprs are

@@ -40,7 +40,7 @@ from fairseq_plugins.modules.bpt.graph_transformer_layers import (
 
 GRAPH_SIDES = ("encoder", "decoder", "both")
 TOKEN_POSITIONS = ("none", "absolute")
-GRAPH_ATTENTION_BACKENDS = ("auto", "torch", "triton", "cuda", "flex")
+GRAPH_ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton", "cuda", "flex")
 # what the plugin did before the paper's choices became options; configs built then lack them
 PLUGIN_V1 = dict(graph_token_positions="absolute", graph_cross_attention="nodes")
 

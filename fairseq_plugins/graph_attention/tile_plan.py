@@ -1,4 +1,5 @@
-"""The launch plan of the Triton graph-attention kernels, built once per graph from its edges.
+"""The tile plan of the flash-style graph-attention kernels (Triton on GPU, C++ on CPU), built
+once per graph from its edges.
 
 Flash attention needs dense tiles; a tree graph is sparse but local. The plan finds dense
 enough tiles in three steps:
@@ -16,20 +17,22 @@ enough tiles in three steps:
   consecutive slots (so that the products of both sides have ``BLOCK_M`` rows: 64 for
   fp16/bf16, the height of an sm_90 warpgroup MMA).
 
-Work items are (block, tile range, part): blocks with more than ``TILES_PER_ITEM`` tiles are
-split into parts (the root reads every token), merged after the kernel by log-sum-exp
-(forward) or by fixed-order sums (gradients), so results do not depend on scheduling.
+Work items are (block, tile range, part): blocks with more than ``tiles_per_item`` tiles
+(default ``TILES_PER_ITEM``) are split into parts (the root reads every token), merged after the kernel by log-sum-exp
+(forward) or by fixed-order sums (gradients), so results do not depend on scheduling
+(``merge_forward``, ``merge_sum``).
 Exact for every graph: tiles come from the edges, the tree only makes them few.
 """
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
 from fairseq_plugins.graphs.attention_graph import AttentionGraph
 
-TILES_PER_ITEM = 16  # tiles one program walks at most; longer blocks are split into parts
+TILES_PER_ITEM = 16  # tiles one GPU program walks at most; longer blocks are split into parts
 MAX_EDGE_TYPES = 2**15 - 1  # edge types are stored as int16 (-1 = no edge)
 
 
@@ -126,11 +129,11 @@ def _type_tiles(owner, start, edge_owner, edge_position, edge_row, edge_type, ro
     return tiles
 
 
-def _work_items(owner: torch.Tensor, num_blocks: int) -> WorkItems:
-    """Split the tile lists (tiles sorted by owner block) into items of <= TILES_PER_ITEM."""
+def _work_items(owner: torch.Tensor, num_blocks: int, tiles_per_item: int) -> WorkItems:
+    """Split the tile lists (tiles sorted by owner block) into items of <= tiles_per_item."""
     counts = torch.bincount(owner, minlength=num_blocks)
     first = torch.cumsum(counts, 0) - counts
-    parts = torch.clamp(-(-counts // TILES_PER_ITEM), min=1)  # an empty block: one empty item
+    parts = torch.clamp(-(-counts // tiles_per_item), min=1)  # an empty block: one empty item
     block = torch.repeat_interleave(torch.arange(num_blocks), parts)
     part_in_block = torch.arange(block.numel()) - (torch.cumsum(parts, 0) - parts)[block]
     # near-equal parts: part i of p takes tiles [i * c // p, (i + 1) * c // p)
@@ -150,10 +153,13 @@ def _work_items(owner: torch.Tensor, num_blocks: int) -> WorkItems:
     return WorkItems(items, num_parts, part_index, split_blocks)
 
 
-def build_plan(graph: AttentionGraph, block_m: int, block_n: int) -> TilePlan:
-    """The plan of ``graph`` (with at least one edge) for these block sizes, on CPU."""
+def build_plan(graph: AttentionGraph, block_m: int, block_n: int,
+               tiles_per_item: Optional[int] = None) -> TilePlan:
+    """The plan of ``graph`` (with at least one edge) for these block sizes, on CPU; work
+    items of at most ``tiles_per_item`` tiles (default ``TILES_PER_ITEM``)."""
+    tiles_per_item = tiles_per_item or TILES_PER_ITEM
     if graph.num_edge_types > MAX_EDGE_TYPES:
-        raise ValueError(f"the triton graph attention stores edge types as int16: "
+        raise ValueError(f"the tiled graph attention stores edge types as int16: "
                          f"{graph.num_edge_types} types exceed {MAX_EDGE_TYPES}")
     if graph.num_edges == 0:
         raise ValueError("a tile plan needs a graph with at least one edge")
@@ -171,18 +177,19 @@ def build_plan(graph: AttentionGraph, block_m: int, block_n: int) -> TilePlan:
                                key % block_m, types, block_m, block_n)
     return TilePlan(
         block_m, block_n, graph.num_nodes, slot_node.to(torch.int32),
-        tile_start.to(torch.int32), tile_types, _work_items(tile_block, slot_node.numel() // block_m),
+        tile_start.to(torch.int32), tile_types, _work_items(tile_block, slot_node.numel() // block_m, tiles_per_item),
         window_start.to(torch.int32), window_types,
-        _work_items(window_block, -(-graph.num_nodes // block_m)))
+        _work_items(window_block, -(-graph.num_nodes // block_m), tiles_per_item))
 
 
-def plan_on(graph: AttentionGraph, block_m: int, block_n: int, device) -> TilePlan:
+def plan_on(graph: AttentionGraph, block_m: int, block_n: int, device,
+            tiles_per_item: Optional[int] = None) -> TilePlan:
     """``build_plan`` moved to ``device``, cached on the graph."""
-    key = ("triton_plan", block_m, block_n, str(device))
+    key = ("tile_plan", block_m, block_n, tiles_per_item, str(device))
     if key not in graph._cache:
-        cpu_key = ("triton_plan", block_m, block_n, "cpu")
+        cpu_key = ("tile_plan", block_m, block_n, tiles_per_item, "cpu")
         if cpu_key not in graph._cache:
-            graph._cache[cpu_key] = build_plan(graph, block_m, block_n)
+            graph._cache[cpu_key] = build_plan(graph, block_m, block_n, tiles_per_item)
         plan = graph._cache[cpu_key]
         graph._cache[key] = _to(plan, device)
     return graph._cache[key]
@@ -196,3 +203,49 @@ def _to(plan: TilePlan, device) -> TilePlan:
             return WorkItems(*(move(getattr(x, f)) for f in WorkItems.__dataclass_fields__))
         return x
     return TilePlan(*(move(getattr(plan, f)) for f in TilePlan.__dataclass_fields__))
+
+
+# ------------------------------------------------- merging the parts of split blocks
+
+def _split_rows(plan: TilePlan, work: WorkItems, query_major: bool) -> torch.Tensor:
+    """Graph node [S, block] of every row of each split block (-1 = none)."""
+    blocks = work.split_blocks
+    if query_major:
+        slots = blocks[:, None] * plan.block_m + torch.arange(plan.block_m, device=blocks.device)
+        return plan.slot_node[slots].long()
+    keys = blocks[:, None] * plan.block_m + torch.arange(plan.block_m, device=blocks.device)
+    return torch.where(keys < plan.num_nodes, keys, -1)
+
+
+def _gather_parts(parts: torch.Tensor, work: WorkItems, fill=0.0) -> torch.Tensor:
+    """[S, max parts, BH, rows, ...] parts of each split block (``fill`` where padded)."""
+    return torch.cat([parts, parts.new_full((1, *parts.shape[1:]), fill)])[work.part_index]
+
+
+def _scatter_rows(target: torch.Tensor, values: torch.Tensor, nodes: torch.Tensor) -> None:
+    """target[bh, nodes[s, r]] = values[s, bh, r] where nodes >= 0 (distinct nodes)."""
+    present = nodes >= 0
+    target[:, nodes[present]] = values.transpose(0, 1)[:, present].to(target.dtype)
+
+
+def merge_forward(out, lse, part_out, part_lse, plan: TilePlan) -> None:
+    """Combine the parts of split query blocks by log-sum-exp (a part without keys: -inf);
+    rows without any key get lse = +inf. Nothing to do without split blocks."""
+    work = plan.query_work
+    if not work.num_parts:
+        return
+    lses = _gather_parts(part_lse, work, float("-inf"))  # [S, parts, BH, BLOCK_M]
+    total = torch.logsumexp(lses, 1)
+    no_key = torch.isinf(total)
+    weights = torch.exp(lses - torch.where(no_key, 0.0, total)[:, None])
+    merged = (weights[..., None] * _gather_parts(part_out, work)).sum(1)
+    nodes = _split_rows(plan, work, True)
+    _scatter_rows(out, merged, nodes)
+    _scatter_rows(lse, torch.where(no_key, float("inf"), total), nodes)
+
+
+def merge_sum(target, parts, plan: TilePlan, work: WorkItems, query_major: bool) -> None:
+    """Sum the parts of split blocks in a fixed order."""
+    if not work.num_parts:
+        return
+    _scatter_rows(target, _gather_parts(parts, work).sum(1), _split_rows(plan, work, query_major))

@@ -1,0 +1,183 @@
+"""The ``cpu`` backend (fused C++ kernel, ``cpu_ext/``) against the float64 torch reference.
+
+Forward and every gradient (q, k, v, rel_key) in float64 to ~1e-10 on BPT (k 1/2/4/8/64,
+causal), SegTree and random tree-laid graphs, n from 1 to 1000, padding, rows without keys,
+split blocks (the root row), head dims 32/64/128; float32 at a looser tolerance; dropout's
+mask (read back through an identity value matrix) the same in forward and backward; bitwise
+equal results on 1 and 2 threads; clear errors. The first test of a session builds the
+extension (about a minute) unless the cache has it.
+"""
+
+import pytest
+import torch
+
+from fairseq_plugins.graph_attention import cpu_backend, graph_attention, registry
+from fairseq_plugins.graphs.binary_partition import bpt_graph, node_present
+from tests.graph_fixtures import TILED_GRAPHS, random_tree_graph
+
+
+@pytest.fixture(scope="module", autouse=True)
+def extension():
+    if not cpu_backend.EXTENSION.available():
+        pytest.skip("the cpu graph-attention extension does not build here")
+    return cpu_backend.load_extension()
+
+
+GRAPHS = {
+    **TILED_GRAPHS,
+    "bpt-k64-n257": (lambda: bpt_graph(257, 64), [257, 100]),
+    "bpt-k1-empty-sentence-n17": (lambda: bpt_graph(17, 1), [17, 0]),
+}
+
+
+def leaves(graph, lengths, dtype, dim, heads=2, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    shape = (len(lengths), heads, graph.num_nodes, dim)
+    tensors = [torch.randn(shape, generator=gen, dtype=torch.float64) for _ in range(3)]
+    tensors.append(0.5 * torch.randn(graph.num_edge_types, dim, generator=gen, dtype=torch.float64))
+    lengths = torch.tensor(lengths)
+    mask = ~node_present(lengths.clamp_min(1), graph.tree.num_tokens)
+    mask[lengths == 0] = True  # an empty sentence: no row has a present key
+    return [t.to(dtype) for t in tensors], mask
+
+
+def run(backend, tensors, graph, mask, dropout_p=0.0, grad_seed=1):
+    """Output and the gradients of q, k, v, rel_key."""
+    tensors = [t.detach().requires_grad_() for t in tensors]
+    out = graph_attention(*tensors[:3], graph, tensors[3], mask, dropout_p, backend=backend)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(grad_seed),
+                       dtype=torch.float64).to(out.dtype)
+    return [out.detach()] + list(torch.autograd.grad(out, tensors, grad))
+
+
+def assert_close(actual, expected, tolerance):
+    for name, a, e in zip(("output", "d q", "d k", "d v", "d rel_key"), actual, expected):
+        assert a.shape == e.shape, name
+        error = (a.double() - e.double()).abs().max().item()
+        limit = tolerance * max(e.abs().max().item(), 1.0)
+        assert error <= limit, f"{name}: max error {error:.3g} > {limit:.3g}"
+
+
+@pytest.mark.parametrize("name", sorted(GRAPHS))
+def test_float64_matches_the_reference(name):
+    build, lengths = GRAPHS[name]
+    graph = build()
+    dim = {"bpt-k4-n100": 64, "bpt-k2-n17": 128}.get(name, 32)
+    tensors, mask = leaves(graph, lengths, torch.float64, dim)
+    assert_close(run("cpu", tensors, graph, mask), run("torch", tensors, graph, mask), 1e-10)
+
+
+@pytest.mark.parametrize("tiles_per_item", [1, 3])
+def test_split_blocks_merge_exactly(monkeypatch, tiles_per_item):
+    """Blocks cut into parts of a few tiles (as the root row is at any size), merged by
+    log-sum-exp in the forward and by fixed-order sums in the backward."""
+    monkeypatch.setattr(cpu_backend, "TILES_PER_ITEM", tiles_per_item)
+    graph = bpt_graph(257, 4)
+    tensors, mask = leaves(graph, [257, 100], torch.float64, 32)
+    assert_close(run("cpu", tensors, graph, mask), run("torch", tensors, graph, mask), 1e-10)
+
+
+@pytest.mark.parametrize("name", ["bpt-k4-n1000", "random-tree-n40", "bpt-k2-causal-n100"])
+def test_float32_matches_the_float64_reference(name):
+    build, lengths = GRAPHS[name]
+    graph = build()
+    tensors, mask = leaves(graph, lengths, torch.float32, 64)
+    expected = run("torch", [t.double() for t in tensors], graph, mask)
+    assert_close(run("cpu", tensors, graph, mask), expected, 2e-5)
+
+
+def test_rows_without_present_keys_are_zero_with_zero_gradients():
+    graph = bpt_graph(17, 2)
+    tensors, mask = leaves(graph, [17, 0], torch.float64, 32)
+    out, dq, dk, dv, _ = run("cpu", tensors, graph, mask)
+    assert out[1].abs().max() == 0 and dq[1].abs().max() == 0
+    assert dk[1].abs().max() == 0 and dv[1].abs().max() == 0
+
+
+def dropout_mask(tensors, graph, mask, dropout_p, seed):
+    """The kept edges of the cpu kernel's dropout after torch.manual_seed(seed), read back
+    with an identity value matrix (head dim = nodes): out[u, v] = P[u, v] keep / (1 - p)."""
+    q, k, _, rel = tensors
+    identity = torch.eye(graph.num_nodes, dtype=q.dtype).expand_as(q).contiguous()
+    torch.manual_seed(seed)
+    dropped = graph_attention(q, k, identity, graph, rel, mask, dropout_p, backend="cpu")
+    probs = graph_attention(q, k, identity, graph, rel, mask, backend="torch")
+    edge = probs > 0
+    keep = dropped != 0
+    assert torch.allclose(dropped[keep], probs[keep] / (1 - dropout_p), rtol=1e-12, atol=0)
+    return keep, edge
+
+
+def test_dropout_uses_the_same_mask_in_forward_and_backward():
+    graph, dropout_p, seed = bpt_graph(17, 2), 0.3, 5
+    tensors, mask = leaves(graph, [17, 9], torch.float64, graph.num_nodes)
+    keep, _ = dropout_mask(tensors, graph, mask, dropout_p, seed)
+    torch.manual_seed(seed)
+    actual = run("cpu", tensors, graph, mask, dropout_p)
+    q, k, v, rel = (t.detach().requires_grad_() for t in tensors)
+    identity = torch.eye(graph.num_nodes, dtype=q.dtype).expand_as(q)
+    probs = graph_attention(q, k, identity, graph, rel, mask, backend="torch")
+    out = (probs * keep / (1 - dropout_p)) @ v
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype)
+    expected = [out.detach()] + list(torch.autograd.grad(out, (q, k, v, rel), grad))
+    assert_close(actual, expected, 1e-10)
+
+
+def test_dropout_seeds_differ_and_keep_about_one_minus_p():
+    graph, dropout_p = bpt_graph(64, 4), 0.25
+    tensors, mask = leaves(graph, [64], torch.float64, graph.num_nodes, heads=1)
+    first, edge = dropout_mask(tensors, graph, mask, dropout_p, seed=1)
+    second, _ = dropout_mask(tensors, graph, mask, dropout_p, seed=2)
+    again, _ = dropout_mask(tensors, graph, mask, dropout_p, seed=1)
+    assert torch.equal(first, again) and not torch.equal(first, second)
+    kept = first[edge].double().mean().item()
+    assert abs(kept - (1 - dropout_p)) < 0.02, kept
+
+
+def test_results_do_not_depend_on_the_thread_count(monkeypatch):
+    monkeypatch.setattr(cpu_backend, "TILES_PER_ITEM", 4)  # split blocks too
+    graph = bpt_graph(1000, 4)
+    tensors, mask = leaves(graph, [1000, 600], torch.float32, 64)
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            torch.manual_seed(3)
+            results.append(run("cpu", tensors, graph, mask, dropout_p=0.1))
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+def test_bad_inputs_raise_clear_errors(extension):
+    graph = bpt_graph(17, 2)
+    tensors, mask = leaves(graph, [17], torch.float32, 32)
+    half = [t.half() for t in tensors]
+    assert not cpu_backend.is_available(half[0])
+    with pytest.raises(RuntimeError, match="cannot run on cpu / torch.float16"):
+        graph_attention(*half[:3], graph, half[3], mask, backend="cpu")
+    with pytest.raises(ValueError, match="dropout_p"):
+        graph_attention(*tensors[:3], graph, tensors[3], mask, 1.0, backend="cpu")
+    q = tensors[0].reshape(-1, graph.num_nodes, 32)
+    with pytest.raises(RuntimeError, match="q, k, v must be contiguous"):
+        extension.forward(q.transpose(1, 2).contiguous().transpose(1, 2), q, q, None, None,
+                          [], 32, 32, 2, 0, 1.0, 0.0, 0)
+
+
+def test_auto_keeps_the_torch_backend_on_cpu_until_the_kernel_is_measured_faster():
+    graph = bpt_graph(512, 4)
+    assert registry.auto_backend(torch.randn(1, 1, graph.num_nodes, 32), graph) == "torch"
+
+
+def test_auto_uses_the_kernel_where_preferred_on_tree_graphs_above_the_dense_size(monkeypatch):
+    monkeypatch.setattr(registry, "CPU_AUTO_PREFERENCE", ("cpu",))
+    graph, small = bpt_graph(512, 4), bpt_graph(40, 4)
+    assert registry.auto_backend(torch.randn(1, 1, graph.num_nodes, 32), graph) == "cpu"
+    assert registry.auto_backend(torch.randn(1, 1, small.num_nodes, 32), small) == "torch"
+    tree_free = random_tree_graph(512, 2)
+    tree_free = type(tree_free)(tree_free.num_nodes, tree_free.indptr, tree_free.indices,
+                                tree_free.edge_type, tree_free.num_edge_types)
+    assert registry.auto_backend(torch.randn(1, 1, tree_free.num_nodes, 32), tree_free) == "torch"
+    assert registry.auto_backend(torch.randn(1, 1, graph.num_nodes, 32).half(), graph) == "torch"
