@@ -13,6 +13,8 @@ use the torch backend. The extension is built on first use or by
 warns once and leaves the torch backend in use.
 """
 
+import hashlib
+import platform
 from pathlib import Path
 
 import torch
@@ -31,14 +33,30 @@ BLOCK_N = 32
 # spans read every token) are split, so that they spread over the threads; the GPU's 16 would
 # split most blocks at k = 64 and the part buffers would cost as much memory as the output.
 TILES_PER_ITEM = 128
-# the build is for the CPU that builds it (the cache is per user and machine): AVX2/AVX-512
+# the build is for the CPU that builds it (the cache folder names the CPU's features): AVX2/AVX-512
 # for the tile products and the softmax loops, which ``#pragma omp simd`` vectorizes
 # (reductions in a fixed lane order); OpenMP, without which at::parallel_for (inline in
 # torch's headers) runs serially; no errno from math functions, so that they vectorize
 CXX_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno")
 
+
+
+def cpu_features() -> str:
+    """A short fingerprint of this CPU's instruction set: the cache folder is per torch build
+    *and* CPU, so that a home directory shared by different machines never runs a
+    ``-march=native`` binary on a CPU that lacks its instructions (that would kill the
+    process with SIGILL, past any fallback)."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            flags = next((line for line in cpuinfo if line.startswith("flags")), "")
+    except OSError:
+        flags = ""
+    text = f"{platform.machine()} {platform.processor()} {flags}"
+    return f"{platform.machine()}-{hashlib.sha1(text.encode()).hexdigest()[:10]}"
+
+
 EXTENSION = Extension(
-    "fairseq_plugins_graph_attention_cpu", "cpu_ext", f"torch{torch.__version__}",
+    "fairseq_plugins_graph_attention_cpu", "cpu_ext", f"torch{torch.__version__}-{cpu_features()}",
     (SOURCE_DIR / "graph_attention_cpu.cpp",), cflags=CXX_FLAGS, ldflags=("-fopenmp",))
 
 
