@@ -1,8 +1,7 @@
 #!/usr/bin/env python
 """Build the fused graph-attention CPU kernel (``cpu_ext/``) into the per-user cache (set-up).
 
-Never fatal: without a C++ compiler (or with a torch whose BLAS symbols it cannot link) it
-says why and exits 0, and the models use the torch backend; ``--require`` makes that exit 1.
+Never fatal: without a C++ compiler with OpenMP it says why and exits 0, and the models use the torch backend; ``--require`` makes that exit 1.
 Later processes load the cached build in well under a second.
 """
 
@@ -26,7 +25,7 @@ def main(argv=None) -> int:
           "first time) ...", flush=True)
     try:
         cpu_backend.load_extension(verbose=args.verbose)
-    except Exception as error:  # no compiler, no BLAS symbols: the torch backend remains
+    except Exception as error:  # no compiler, no OpenMP: the torch backend remains
         print(f"build_cpu_ext: not built ({type(error).__name__}: {error}); graph attention "
               "on CPU will use the torch backend.")
         return 1 if args.require else 0
