@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Build the fused graph-attention CPU kernel (``cpu_ext/``) into the per-user cache (set-up).
 
-Never fatal: without a C++ compiler with OpenMP it says why and exits 0, and the models use the torch backend; ``--require`` makes that exit 1.
+Never fatal: without a C++ compiler with OpenMP it says why and exits 0, and the models use
+the torch backend; ``--require`` makes that exit 1.
 Later processes load the cached build in well under a second.
 """
 
