@@ -1,8 +1,9 @@
 """The ``cpu`` backend (fused C++ kernel, ``cpu_ext/``) against the float64 torch reference.
 
 Forward and every gradient (q, k, v, rel_key) in float64 to ~1e-10 on BPT (k 1/2/4/8/64,
-causal), SegTree and random tree-laid graphs, n from 1 to 1000, padding, rows without keys,
-split blocks (the root row), head dims 32/64/128; float32 at a looser tolerance; dropout's
+causal), SegTree, random tree-laid and tree-free graphs, n from 1 to 1000, padding, rows
+without keys, head dims 32/64/128 (compiled for) and 48 (read at run time), with and without
+relative keys; float32 at a looser tolerance; dropout's
 mask (read back through an identity value matrix) the same in forward and backward; bitwise
 equal results on 1 and 2 threads; clear errors. The first test of a session builds the
 extension (about a minute) unless the cache has it.
@@ -42,12 +43,13 @@ def leaves(graph, lengths, dtype, dim, heads=2, seed=0):
 
 
 def run(backend, tensors, graph, mask, dropout_p=0.0, grad_seed=1):
-    """Output and the gradients of q, k, v, rel_key."""
-    tensors = [t.detach().requires_grad_() for t in tensors]
+    """Output and the gradients of q, k, v, rel_key (None without rel_key)."""
+    tensors = [None if t is None else t.detach().requires_grad_() for t in tensors]
     out = graph_attention(*tensors[:3], graph, tensors[3], mask, dropout_p, backend=backend)
     grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(grad_seed),
                        dtype=torch.float64).to(out.dtype)
-    return [out.detach()] + list(torch.autograd.grad(out, tensors, grad))
+    leaves = [t for t in tensors if t is not None]
+    return [out.detach()] + list(torch.autograd.grad(out, leaves, grad)) + [None] * (4 - len(leaves))
 
 
 def assert_close(actual, expected, tolerance):
@@ -67,14 +69,22 @@ def test_float64_matches_the_reference(name):
     assert_close(run("cpu", tensors, graph, mask), run("torch", tensors, graph, mask), 1e-10)
 
 
-@pytest.mark.parametrize("tiles_per_item", [1, 3])
-def test_split_blocks_merge_exactly(monkeypatch, tiles_per_item):
-    """Blocks cut into parts of a few tiles (as the root row is at any size), merged by
-    log-sum-exp in the forward and by fixed-order sums in the backward."""
-    monkeypatch.setattr(cpu_backend, "TILES_PER_ITEM", tiles_per_item)
-    graph = bpt_graph(257, 4)
-    tensors, mask = leaves(graph, [257, 100], torch.float64, 32)
+def tree_free(graph):
+    """The same edges without the tree layout (the torch backend's generic path)."""
+    return type(graph)(graph.num_nodes, graph.indptr, graph.indices, graph.edge_type,
+                       graph.num_edge_types)
+
+
+@pytest.mark.parametrize("dim", [48, 64])
+def test_a_tree_free_graph_any_head_dim_and_no_relative_keys_match(dim):
+    tree_graph = random_tree_graph(60, 5, seed=2)
+    tensors, mask = leaves(tree_graph, [60, 31], torch.float64, dim)
+    graph = tree_free(tree_graph)
     assert_close(run("cpu", tensors, graph, mask), run("torch", tensors, graph, mask), 1e-10)
+    without_rel = [*tensors[:3], None]
+    expected = run("torch", without_rel, graph, mask)
+    assert expected[-1] is None
+    assert_close(run("cpu", without_rel, graph, mask)[:4], expected[:4], 1e-10)
 
 
 @pytest.mark.parametrize("name", ["bpt-k4-n1000", "random-tree-n40", "bpt-k2-causal-n100"])
@@ -134,8 +144,7 @@ def test_dropout_seeds_differ_and_keep_about_one_minus_p():
     assert abs(kept - (1 - dropout_p)) < 0.02, kept
 
 
-def test_results_do_not_depend_on_the_thread_count(monkeypatch):
-    monkeypatch.setattr(cpu_backend, "TILES_PER_ITEM", 4)  # split blocks too
+def test_results_do_not_depend_on_the_thread_count():
     graph = bpt_graph(1000, 4)
     tensors, mask = leaves(graph, [1000, 600], torch.float32, 64)
     threads = torch.get_num_threads()
@@ -163,21 +172,13 @@ def test_bad_inputs_raise_clear_errors(extension):
     q = tensors[0].reshape(-1, graph.num_nodes, 32)
     with pytest.raises(RuntimeError, match="q, k, v must be contiguous"):
         extension.forward(q.transpose(1, 2).contiguous().transpose(1, 2), q, q, None, None,
-                          [], 32, 32, 2, 0, 1.0, 0.0, 0)
+                          list(graph.on("cpu", torch.int32)), 2, 1.0, 0.0, 0)
+    with pytest.raises(RuntimeError, match="contiguous int32"):
+        extension.forward(q, q, q, None, None, list(graph.on("cpu")), 2, 1.0, 0.0, 0)
 
 
-def test_auto_keeps_the_torch_backend_on_cpu_until_the_kernel_is_measured_faster():
-    graph = bpt_graph(512, 4)
-    assert registry.auto_backend(torch.randn(1, 1, graph.num_nodes, 32), graph) == "torch"
-
-
-def test_auto_uses_the_kernel_where_preferred_on_tree_graphs_above_the_dense_size(monkeypatch):
-    monkeypatch.setattr(registry, "CPU_AUTO_PREFERENCE", ("cpu",))
-    graph, small = bpt_graph(512, 4), bpt_graph(40, 4)
-    assert registry.auto_backend(torch.randn(1, 1, graph.num_nodes, 32), graph) == "cpu"
-    assert registry.auto_backend(torch.randn(1, 1, small.num_nodes, 32), small) == "torch"
-    tree_free = random_tree_graph(512, 2)
-    tree_free = type(tree_free)(tree_free.num_nodes, tree_free.indptr, tree_free.indices,
-                                tree_free.edge_type, tree_free.num_edge_types)
-    assert registry.auto_backend(torch.randn(1, 1, tree_free.num_nodes, 32), tree_free) == "torch"
-    assert registry.auto_backend(torch.randn(1, 1, graph.num_nodes, 32).half(), graph) == "torch"
+def test_auto_uses_the_kernel_on_cpu_for_any_graph_and_torch_for_other_dtypes():
+    for graph in (bpt_graph(512, 4), bpt_graph(10, 4), tree_free(random_tree_graph(30, 3))):
+        q = torch.randn(1, 1, graph.num_nodes, 32)
+        assert registry.auto_backend(q) == "cpu"
+        assert registry.auto_backend(q.half()) == "torch"

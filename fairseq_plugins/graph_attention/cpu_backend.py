@@ -1,11 +1,13 @@
-"""The ``"cpu"`` backend of ``graph_attention``: a fused flash-style C++ kernel (``cpu_ext/``).
+"""The ``"cpu"`` backend of ``graph_attention``: a fused C++ kernel (``cpu_ext/``) that walks
+the graph's edges.
 
-The torch tree path issues thousands of small ATen calls per step that run one after the
-other; this kernel walks the same tiles as the Triton GPU kernels (``tile_plan``: query
-blocks in tree order, each over a few tiles of consecutive keys) with one
-``at::parallel_for`` over (batch x head, work item), register-blocked tile products on
-pointers into q, k and v, an online softmax, and only the log-sum-exp saved for an FA2-style backward: no
-[rows x keys] probabilities are stored, so memory grows like dense SDPA's at every k.
+For every query row it computes the scores of the row's present keys, their softmax and the
+output in one pass over rows already in cache, vectorized over the head dim, and saves one
+log-sum-exp per row; the backward recomputes the probabilities edge by edge (flash
+attention's recompute, without tiles: a CPU has no tensor cores to fill, and BPT's 32 x 32
+tiles are three quarters non-edges). No [rows x keys] probabilities are stored, and the work
+is proportional to the edges, so time and memory grow like n log n at any k. Any
+``AttentionGraph`` runs, tree-laid or not.
 
 float32 and float64 (the tests compare float64 with the reference to ~1e-12); other dtypes
 use the torch backend. The extension is built on first use or by
@@ -22,24 +24,14 @@ from torch.autograd.function import once_differentiable
 
 from fairseq_plugins.graph_attention.extension_build import Extension
 from fairseq_plugins.graph_attention.registry import register_backend
-from fairseq_plugins.graph_attention.tile_plan import TilePlan, merge_forward, merge_sum, plan_on
 
 SOURCE_DIR = Path(__file__).resolve().parents[2] / "cpu_ext" / "csrc"
 DTYPES = (torch.float32, torch.float64)
-# query rows x key columns of a tile (measured on 64-dim heads, see docs/design_notes.md)
-BLOCK_M = 32
-BLOCK_N = 32
-# A work item walks at most this many tiles: only the long blocks (the root and the coarse
-# spans read every token) are split, so that they spread over the threads; the GPU's 16 would
-# split most blocks at k = 64 and the part buffers would cost as much memory as the output.
-TILES_PER_ITEM = 128
 # the build is for the CPU that builds it (the cache folder names the CPU's features): AVX2/AVX-512
-# for the tile products and the softmax loops, which ``#pragma omp simd`` vectorizes
-# (reductions in a fixed lane order); OpenMP, without which at::parallel_for (inline in
-# torch's headers) runs serially; no errno from math functions, so that they vectorize
+# for the loops over the head dim, which ``#pragma omp simd`` vectorizes (reductions in a
+# fixed lane order); OpenMP, without which at::parallel_for (inline in torch's headers) runs
+# serially; no errno from math functions
 CXX_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno")
-
-
 
 def cpu_features() -> str:
     """A short fingerprint of this CPU's instruction set: the cache folder is per torch build
@@ -70,31 +62,22 @@ def is_available(query: torch.Tensor) -> bool:
     return query.device.type == "cpu" and query.dtype in DTYPES and EXTENSION.available()
 
 
-def _plan_tensors(plan: TilePlan):
-    return [plan.slot_node, plan.tile_start, plan.tile_types, plan.query_work.items,
-            plan.window_start, plan.window_types, plan.key_work.items]
-
-
 class CpuGraphAttention(torch.autograd.Function):
-    """Forward and recomputing backward through the extension; split blocks merged here."""
+    """Forward and recomputing backward through the extension."""
 
     @staticmethod
-    def forward(ctx, query, key, value, rel_key, key_padding_mask, plan: TilePlan, scale,
-                dropout_p):
+    def forward(ctx, query, key, value, rel_key, key_padding_mask, graph, scale, dropout_p):
         bsz, heads, num_nodes, dim = query.shape
         q, k, v = (x.reshape(bsz * heads, num_nodes, dim).contiguous()
                    for x in (query, key, value))
         rel = None if rel_key is None else rel_key.to(q.dtype).contiguous()
         pad = None if key_padding_mask is None else key_padding_mask.to(torch.uint8).contiguous()
+        csr = list(graph.on("cpu", torch.int32))
         # the dropout seed comes from torch's generator: torch.manual_seed reproduces it
         seed = int(torch.randint(0, 2**62, ()).item()) if dropout_p > 0 else 0
-        ext = load_extension()
-        out, lse, part_out, part_lse = ext.forward(
-            q, k, v, rel, pad, _plan_tensors(plan), plan.block_m, plan.block_n, heads,
-            plan.query_work.num_parts, scale, dropout_p, seed)
-        merge_forward(out, lse, part_out, part_lse, plan)
+        out, lse = load_extension().forward(q, k, v, rel, pad, csr, heads, scale, dropout_p, seed)
         ctx.save_for_backward(q, k, v, out, lse, rel_key, rel, pad)
-        ctx.plan, ctx.heads = plan, heads
+        ctx.csr, ctx.heads = csr, heads
         ctx.scalars = (scale, dropout_p, seed)  # the backward's trailing kernel arguments
         return out.view(query.shape)
 
@@ -102,16 +85,10 @@ class CpuGraphAttention(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out):
         q, k, v, out, lse, rel_key, rel, pad = ctx.saved_tensors
-        plan, shape = ctx.plan, grad_out.shape
+        shape = grad_out.shape
         grad_out = grad_out.reshape(q.shape).to(q.dtype).contiguous()
-        delta = (grad_out * out).sum(-1)
-        grad_q, grad_k, grad_v, grad_rel, part_q, part_k, part_v = load_extension().backward(
-            grad_out, q, k, v, rel, pad, lse, delta, _plan_tensors(plan), plan.block_m,
-            plan.block_n, ctx.heads, plan.query_work.num_parts, plan.key_work.num_parts,
-            *ctx.scalars)
-        merge_sum(grad_q, part_q, plan, plan.query_work, True)
-        merge_sum(grad_k, part_k, plan, plan.key_work, False)
-        merge_sum(grad_v, part_v, plan, plan.key_work, False)
+        grad_q, grad_k, grad_v, grad_rel = load_extension().backward(
+            grad_out, q, k, v, out, lse, rel, pad, ctx.csr, ctx.heads, *ctx.scalars)
         grad_rel = None if rel_key is None else grad_rel.to(rel_key.dtype)
         return (grad_q.view(shape), grad_k.view(shape), grad_v.view(shape), grad_rel, None,
                 None, None, None)
@@ -129,8 +106,7 @@ def cpu_graph_attention(query, key, value, graph, rel_key=None, key_padding_mask
         scale = query.size(-1) ** -0.5
     if graph.num_edges == 0:  # no row has a key
         return torch.zeros_like(query)
-    plan = plan_on(graph, BLOCK_M, BLOCK_N, "cpu", TILES_PER_ITEM)
-    return CpuGraphAttention.apply(query, key, value, rel_key, key_padding_mask, plan,
+    return CpuGraphAttention.apply(query, key, value, rel_key, key_padding_mask, graph,
                                    float(scale), float(dropout_p))
 
 

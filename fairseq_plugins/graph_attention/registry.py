@@ -14,8 +14,7 @@ cannot be imported stays unregistered.
 
 ``backend="auto"`` trusts a fast backend only after it has checked itself: on the first call
 for a device, dtype and head dim, each registered backend of ``AUTO_PREFERENCE`` (on CPU:
-``CPU_AUTO_PREFERENCE``, for tree-laid graphs above ``CPU_KERNEL_MIN_NODES``) that can run
-there computes a small padded BPT graph forward and backward, compared with the torch backend
+``CPU_AUTO_PREFERENCE``) that can run there computes a small padded BPT graph forward and backward, compared with the torch backend
 (a few milliseconds, remembered for the process). The first that passes is used; one that
 fails is named in a single warning and skipped, and the torch backend is the last resort.
 """
@@ -38,12 +37,10 @@ OPTIONAL_BACKENDS = (
 # fast backends "auto" may use on a CUDA tensor, best first (until a GPU measurement says
 # otherwise); one that is not registered is skipped
 AUTO_PREFERENCE = ("triton", "cuda")
-# fast backends "auto" may use on a CPU tensor over a tree-laid graph of more than
-# CPU_KERNEL_MIN_NODES nodes (smaller ones take the torch backend's dense path, one SDPA
-# call), best first. Empty for now: the fused "cpu" kernel is still slower than the torch
-# tree path at every size measured (docs/bpt.md, "Measured"); it goes here once it is not.
-CPU_AUTO_PREFERENCE: Tuple[str, ...] = ()
-CPU_KERNEL_MIN_NODES = 96
+# fast backends "auto" may use on a CPU tensor, best first: the fused "cpu" kernel is 2-7x
+# faster than the torch backend at every graph size measured, from sentences of 16 tokens to
+# documents of 8192 (benchmarks/graph_attention.md)
+CPU_AUTO_PREFERENCE: Tuple[str, ...] = ("cpu",)
 # allowed max |backend - torch| relative to the reference's magnitude, per dtype
 SELF_CHECK_TOLERANCE = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 
@@ -87,8 +84,7 @@ def graph_attention(
     A query row with no present in-neighbour returns zeros (and zero gradients).
     dropout_p: attention-probability dropout (applied after softmax, like fairseq).
     backend: "auto" or a registered name ("torch", "cpu", "cuda", "flex", ...); "auto" = the
-        first of ``AUTO_PREFERENCE`` (CUDA) or ``CPU_AUTO_PREFERENCE`` (CPU, large tree-laid
-        graphs) that runs here and passed its self-check, else "torch".
+        first of ``AUTO_PREFERENCE`` (CUDA) or ``CPU_AUTO_PREFERENCE`` (CPU) that runs here and passed its self-check, else "torch".
         Returns [B, H, N, D].
     """
     _check_inputs(query, key, value, graph, rel_key, key_padding_mask)
@@ -96,7 +92,7 @@ def graph_attention(
         scale = query.size(-1) ** -0.5
     _load_optional_backends()
     if backend == "auto":
-        backend = auto_backend(query, graph)
+        backend = auto_backend(query)
     if backend not in _BACKENDS:
         raise ValueError(f"graph attention backend {backend!r} is not registered "
                          f"(available: {sorted(_BACKENDS)})")
@@ -124,20 +120,17 @@ def _check_inputs(query, key, value, graph, rel_key, key_padding_mask):
 
 
 def wants_fast_backend(query: torch.Tensor) -> bool:
-    """Whether "auto" looks past the torch backend for these tensors: CUDA ones.
+    """Whether "auto" tries the GPU backends (``AUTO_PREFERENCE``) for these tensors: CUDA ones.
 
     Module-level so that tests can stand a CPU tensor in for a CUDA one."""
     return query.is_cuda
 
 
-def auto_backend(query: torch.Tensor, graph: Optional[AttentionGraph] = None) -> str:
-    """The backend ``backend="auto"`` uses for ``query`` over ``graph`` (see the module
-    docstring): on CPU tensors, ``CPU_AUTO_PREFERENCE`` for tree-laid graphs above
-    ``CPU_KERNEL_MIN_NODES`` nodes."""
+def auto_backend(query: torch.Tensor) -> str:
+    """The backend ``backend="auto"`` uses for ``query`` (see the module docstring)."""
     if wants_fast_backend(query):
         candidates = AUTO_PREFERENCE
-    elif (query.device.type == "cpu" and graph is not None and graph.tree is not None
-          and graph.num_nodes > CPU_KERNEL_MIN_NODES):
+    elif query.device.type == "cpu":
         candidates = CPU_AUTO_PREFERENCE
     else:
         candidates = ()
