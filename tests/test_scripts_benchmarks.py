@@ -32,6 +32,23 @@ def test_benchmark_graph_attention_tiny(tmp_path):
     assert "| op | 128 | 1 | 2 |" in table  # every length at every thread count
 
 
+def test_memory_measure_sees_a_step_that_stays_below_an_earlier_peak():
+    """The graph benchmark's peak memory of a step: building a large graph can peak higher
+    than the step, and a peak counted from the process's earlier high-water mark then reads 0."""
+    import torch
+
+    from scripts.benchmark_graph_attention import reset_peak_rss, rss_mb
+
+    earlier = torch.ones(64 << 20)  # a 256 MB peak before the step
+    del earlier
+    if not reset_peak_rss():
+        pytest.skip("this kernel does not let a process reset its peak RSS")
+    base = rss_mb("VmRSS")
+    step = torch.ones(16 << 20)  # the step: 64 MB
+    assert 56 < rss_mb() - base < 200
+    del step
+
+
 def test_benchmark_multiscale_attention_tiny(tmp_path):
     out = tmp_path / "multiscale"
     run_script("benchmark_multiscale_attention", "--lengths", "64", "--heads", "2", "--head-dim", "8",

@@ -1,5 +1,5 @@
-"""The tile plan of the flash-style graph-attention kernels (Triton on GPU, C++ on CPU), built
-once per graph from its edges.
+"""The tile plan of the flash-style Triton graph-attention kernels, built once per graph from
+its edges.
 
 Flash attention needs dense tiles; a tree graph is sparse but local. The plan finds dense
 enough tiles in three steps:
@@ -17,15 +17,14 @@ enough tiles in three steps:
   consecutive slots (so that the products of both sides have ``BLOCK_M`` rows: 64 for
   fp16/bf16, the height of an sm_90 warpgroup MMA).
 
-Work items are (block, tile range, part): blocks with more than ``tiles_per_item`` tiles
-(default ``TILES_PER_ITEM``) are split into parts (the root reads every token), merged after the kernel by log-sum-exp
+Work items are (block, tile range, part): blocks with more than ``TILES_PER_ITEM`` tiles
+are split into parts (the root reads every token), merged after the kernel by log-sum-exp
 (forward) or by fixed-order sums (gradients), so results do not depend on scheduling
 (``merge_forward``, ``merge_sum``).
 Exact for every graph: tiles come from the edges, the tree only makes them few.
 """
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -153,11 +152,9 @@ def _work_items(owner: torch.Tensor, num_blocks: int, tiles_per_item: int) -> Wo
     return WorkItems(items, num_parts, part_index, split_blocks)
 
 
-def build_plan(graph: AttentionGraph, block_m: int, block_n: int,
-               tiles_per_item: Optional[int] = None) -> TilePlan:
+def build_plan(graph: AttentionGraph, block_m: int, block_n: int) -> TilePlan:
     """The plan of ``graph`` (with at least one edge) for these block sizes, on CPU; work
-    items of at most ``tiles_per_item`` tiles (default ``TILES_PER_ITEM``)."""
-    tiles_per_item = tiles_per_item or TILES_PER_ITEM
+    items of at most ``TILES_PER_ITEM`` tiles."""
     if graph.num_edge_types > MAX_EDGE_TYPES:
         raise ValueError(f"the tiled graph attention stores edge types as int16: "
                          f"{graph.num_edge_types} types exceed {MAX_EDGE_TYPES}")
@@ -177,19 +174,18 @@ def build_plan(graph: AttentionGraph, block_m: int, block_n: int,
                                key % block_m, types, block_m, block_n)
     return TilePlan(
         block_m, block_n, graph.num_nodes, slot_node.to(torch.int32),
-        tile_start.to(torch.int32), tile_types, _work_items(tile_block, slot_node.numel() // block_m, tiles_per_item),
+        tile_start.to(torch.int32), tile_types, _work_items(tile_block, slot_node.numel() // block_m, TILES_PER_ITEM),
         window_start.to(torch.int32), window_types,
-        _work_items(window_block, -(-graph.num_nodes // block_m), tiles_per_item))
+        _work_items(window_block, -(-graph.num_nodes // block_m), TILES_PER_ITEM))
 
 
-def plan_on(graph: AttentionGraph, block_m: int, block_n: int, device,
-            tiles_per_item: Optional[int] = None) -> TilePlan:
+def plan_on(graph: AttentionGraph, block_m: int, block_n: int, device) -> TilePlan:
     """``build_plan`` moved to ``device``, cached on the graph."""
-    key = ("tile_plan", block_m, block_n, tiles_per_item, str(device))
+    key = ("tile_plan", block_m, block_n, str(device))
     if key not in graph._cache:
-        cpu_key = ("tile_plan", block_m, block_n, tiles_per_item, "cpu")
+        cpu_key = ("tile_plan", block_m, block_n, "cpu")
         if cpu_key not in graph._cache:
-            graph._cache[cpu_key] = build_plan(graph, block_m, block_n, tiles_per_item)
+            graph._cache[cpu_key] = build_plan(graph, block_m, block_n)
         plan = graph._cache[cpu_key]
         graph._cache[key] = _to(plan, device)
     return graph._cache[key]
