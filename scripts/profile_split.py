@@ -7,8 +7,10 @@ the part it ran in, and a backward node (``autograd::engine::evaluate_function``
 part of the forward op that created it (the two share a sequence number). Code of the
 encoder/decoder outside any such module (graph building, node padding, masks, residual
 adds, the activation function) counts as ``encoder (rest)`` / ``decoder (rest)``.
-Inside self-attention, gathers are split out as ``relative keys (gather)``: the dense
-graph path gathers its relative-key bias, the other attentions gather nothing.
+Inside self-attention, the graph attention kernels (``CpuGraphAttention`` and its backward:
+what BPT and SegTree run on CPU, relative keys included) count as ``graph attention
+kernel``, and gathers as ``relative keys (gather)``: the torch backend's dense graph path
+gathers its relative-key bias, the other attentions gather nothing.
 
 The loss and the output layer are the same computation in every model, yet a single
 profiled update of them varies by up to 2x (they are memory-bound over the B x T x vocabulary
@@ -90,7 +92,9 @@ def update_split(model, optimizer, batch, pad) -> Dict[str, float]:
         if event.name.startswith(BACKWARD) or _in_backward(event):
             continue
         part = _part(event)
-        if part == "self-attention" and "gather" in event.name:
+        if part == "self-attention" and "GraphAttention" in event.name:
+            part = "graph attention kernel"
+        elif part == "self-attention" and "gather" in event.name:
             part = "relative keys (gather)"
         if event.sequence_nr >= 0:
             forward_part.setdefault(event.sequence_nr, part)

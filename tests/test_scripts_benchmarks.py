@@ -81,4 +81,6 @@ def test_benchmark_models_tiny(tmp_path):
     results = json.loads(out.with_suffix(".json").read_text())["runs"]["tiny"]["results"]
     assert set(results) == {"transformer", "bpt"} and results["transformer"]["time_ratio"] == 1.0
     split = proc.stdout[proc.stdout.index("| part |"):]
-    assert "| projections |" in split and "| relative keys (gather) |" in split and "| model body |" in split
+    assert "| projections |" in split and "| model body |" in split
+    # BPT's attention core: the C++ kernel where it built, else the torch backend's gather
+    assert "| graph attention kernel |" in split or "| relative keys (gather) |" in split
