@@ -49,7 +49,8 @@ def run(backend, tensors, graph, mask, dropout_p=0.0, grad_seed=1):
     grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(grad_seed),
                        dtype=torch.float64).to(out.dtype)
     leaves = [t for t in tensors if t is not None]
-    return [out.detach()] + list(torch.autograd.grad(out, leaves, grad)) + [None] * (4 - len(leaves))
+    grads = list(torch.autograd.grad(out, leaves, grad))
+    return [out.detach()] + grads + [None] * (4 - len(leaves))
 
 
 def assert_close(actual, expected, tolerance):

@@ -71,7 +71,7 @@ struct Problem {
   const int32_t* indptr;  // CSR over query nodes
   const int32_t* indices;
   const int32_t* types;
-  int64_t heads, n, d, num_types;
+  int64_t heads, n, d;
   T scale;
   double dropout_p;
   uint64_t seed;
@@ -255,7 +255,7 @@ Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tens
                     rel ? rel->data_ptr<T>() : nullptr,
                     pad ? pad->data_ptr<uint8_t>() : nullptr, graph[0].data_ptr<int32_t>(),
                     graph[1].data_ptr<int32_t>(), graph[2].data_ptr<int32_t>(), heads, n,
-                    q.size(2), rel ? rel->size(0) : 0, static_cast<T>(scale), dropout_p,
+                    q.size(2), static_cast<T>(scale), dropout_p,
                     static_cast<uint64_t>(seed),
                     static_cast<uint32_t>(std::llround(dropout_p * (1 << 24))),
                     static_cast<T>(1.0 / (1.0 - dropout_p))};
@@ -275,7 +275,9 @@ void dispatch_head_dim(int64_t d, const Fn& fn) {
 int64_t max_degree(const at::Tensor& indptr) {
   const int32_t* ptr = indptr.data_ptr<int32_t>();
   int64_t most = 0;
-  for (int64_t u = 0; u + 1 < indptr.numel(); ++u) most = std::max<int64_t>(most, ptr[u + 1] - ptr[u]);
+  for (int64_t u = 0; u + 1 < indptr.numel(); ++u) {
+    most = std::max<int64_t>(most, ptr[u + 1] - ptr[u]);
+  }
   return most;
 }
 

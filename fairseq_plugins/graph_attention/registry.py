@@ -14,8 +14,8 @@ cannot be imported stays unregistered.
 
 ``backend="auto"`` trusts a fast backend only after it has checked itself: on the first call
 for a device, dtype and head dim, each registered backend of ``AUTO_PREFERENCE`` (on CPU:
-``CPU_AUTO_PREFERENCE``) that can run there computes a small padded BPT graph forward and backward, compared with the torch backend
-(a few milliseconds, remembered for the process). The first that passes is used; one that
+``CPU_AUTO_PREFERENCE``) that can run there computes a small padded BPT graph forward and
+backward, compared with the torch backend (a few milliseconds, remembered for the process). The first that passes is used; one that
 fails is named in a single warning and skipped, and the torch backend is the last resort.
 """
 
@@ -84,7 +84,8 @@ def graph_attention(
     A query row with no present in-neighbour returns zeros (and zero gradients).
     dropout_p: attention-probability dropout (applied after softmax, like fairseq).
     backend: "auto" or a registered name ("torch", "cpu", "cuda", "flex", ...); "auto" = the
-        first of ``AUTO_PREFERENCE`` (CUDA) or ``CPU_AUTO_PREFERENCE`` (CPU) that runs here and passed its self-check, else "torch".
+        first of ``AUTO_PREFERENCE`` (CUDA) or ``CPU_AUTO_PREFERENCE`` (CPU) that runs here and
+        passed its self-check, else "torch".
         Returns [B, H, N, D].
     """
     _check_inputs(query, key, value, graph, rel_key, key_padding_mask)
