@@ -38,6 +38,14 @@ def test_without_a_gpu_it_says_so_and_writes_nothing(tmp_path, monkeypatch, caps
     assert not (tmp_path / "report").exists()
 
 
+def test_without_pytest_it_says_how_to_get_it(tmp_path, monkeypatch, capsys):
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert command.main(["--device", "cpu", "--out", str(tmp_path / "report")]) == 1
+    assert "pip install pytest" in capsys.readouterr().out and not (tmp_path / "report").exists()
+
+
 def test_plan_runs_each_group_in_its_own_process_and_sanitizes_triton_and_cuda(tmp_path):
     steps = command.plan(args_for(), "/cuda/bin/compute-sanitizer", "/cuda/bin/nvcc", tmp_path)
     names = [s.name for s in steps]

@@ -24,6 +24,7 @@ so, writes nothing and exits 2.
 import argparse
 import datetime
 import importlib.metadata
+import importlib.util
 import json
 import platform
 import re
@@ -266,6 +267,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"check_gpu: no CUDA GPU is visible (torch {torch.__version__}, CUDA build "
               f"{torch.version.cuda}); nothing was checked and no report was written.")
         return NO_GPU_EXIT
+    if importlib.util.find_spec("pytest") is None:
+        print("check_gpu: its GPU tests run with pytest, which is not installed: pip install pytest")
+        return 1
     env = environment(args.device)
     out_dir = (args.out or default_out_dir(Path.cwd())).resolve()
     stem = report_stem(env["GPU"])
