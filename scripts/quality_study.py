@@ -33,12 +33,11 @@ from typing import Dict, List, Optional, Sequence
 import yaml
 from tqdm import tqdm
 
-from .config import REPO
-from .demo import prepare_multi30k, select_entries
-from .evaluate import generate, score
-from .train import build_command
+from fairseq_plugins.recipes.config import CONFIG_DIR
+from fairseq_plugins.recipes.demo import prepare_multi30k, select_entries
+from fairseq_plugins.recipes.evaluate import generate, score
+from fairseq_plugins.recipes.train import build_command
 
-DEFAULT_RAW = REPO.parent / "shared" / "data" / "multi30k"
 _KEYS = ("bpe_merges", "seeds", "updates", "baseline", "model", "train", "generate", "models")
 # --tiny: a 300-pair corpus, models 32 wide (fast branch 8), a few updates; every step in seconds
 TINY = {"train_sentences": 300, "test_sentences": 20, "bpe_merges": 300, "seeds": [1, 2], "updates": [2, 4],
@@ -250,9 +249,9 @@ def plot(rows: List[dict], path: Path) -> None:
 
 def main(argv=None) -> List[dict]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", type=Path, default=REPO / "configs" / "quality_study.yaml")
-    p.add_argument("--out", type=Path, default=REPO / "results" / "quality_study")
-    p.add_argument("--raw-dir", type=Path, default=DEFAULT_RAW, help="Multi30K raw files (else download)")
+    p.add_argument("--config", type=Path, default=CONFIG_DIR / "quality_study.yaml")
+    p.add_argument("--out", type=Path, default=Path("results") / "quality_study")
+    p.add_argument("--raw-dir", type=Path, help="local Multi30K raw files (default: download once into the cache)")
     p.add_argument("--models", help="comma-separated model keys of the config (default: all)")
     p.add_argument("--seeds", help="comma-separated seeds (default: the config's)")
     p.add_argument("--updates", help="comma-separated checkpoints, in updates (default: the config's)")

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
+from fairseq_plugins.recipes.config import CONFIG_DIR
 from scripts import quality_study
-from scripts.config import REPO
 from tests.cli import MULTI30K
 
 HEAD = "2026-01-01 | INFO | fairseq_cli.train | num. shared model params: 12,345 (num. trained: 12,345)\n"
@@ -55,16 +55,16 @@ def test_summary_statistics_and_time_ratio_by_seed():
 
 
 def test_the_study_config_is_valid_and_refuses_unknown_baselines(tmp_path):
-    cfg = quality_study.load_study(REPO / "configs" / "quality_study.yaml")
+    cfg = quality_study.load_study(CONFIG_DIR / "quality_study.yaml")
     assert cfg["baseline"] == "transformer_postnorm" and len(cfg["seeds"]) >= 3
     keys = {m["key"] for m in cfg["models"]}
     assert all({c["key"], c["reference"]} <= keys for c in cfg["comparisons"])
     bad = tmp_path / "bad.yaml"
-    bad.write_text((REPO / "configs" / "quality_study.yaml").read_text().replace(
+    bad.write_text((CONFIG_DIR / "quality_study.yaml").read_text().replace(
         "baseline: transformer_postnorm", "baseline: nothing"))
     with pytest.raises(ValueError, match="baseline"):
         quality_study.load_study(bad)
-    bad.write_text((REPO / "configs" / "quality_study.yaml").read_text().replace(
+    bad.write_text((CONFIG_DIR / "quality_study.yaml").read_text().replace(
         "reference: transformer_prenorm", "reference: transformer_nonorm"))
     with pytest.raises(ValueError, match="comparison"):
         quality_study.load_study(bad)

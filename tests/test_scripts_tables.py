@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.config import all_configs, load_tables, run_key
+from fairseq_plugins.recipes.config import all_configs, load_tables, run_key
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted((REPO / "scripts" / "tables").glob("*.sh"))

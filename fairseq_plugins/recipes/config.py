@@ -7,7 +7,7 @@ A config holds everything needed to rerun one row::
     row: BPT (k = 4)             # row label as printed in the paper
     column: BLEU                 # column label, for tables with several result columns
     reported: {sacrebleu: 27.6}  # the paper's numbers by metric (sacrebleu | tokenized)
-    data: wmt14-en-de-bpt        # corpus of scripts.prepare_data
+    data: wmt14-en-de-bpt        # corpus of fairseq-plugins-prepare-data
     arch: bpt_transformer_wmt_en_de
     task: {task: translation}    # task options, used by training and generation
     model: {...}                 # model options (fairseq-train --help with --arch)
@@ -31,9 +31,10 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-CONFIG_DIR = REPO / "configs"
-USER_DIR = REPO / "fairseq_plugins"
+from ..resources import resource_dir, user_dir
+
+CONFIG_DIR = resource_dir("configs")
+USER_DIR = user_dir()
 METRICS = ("sacrebleu", "tokenized")
 
 _REQUIRED = {"paper": str, "table": str, "row": str, "data": str, "arch": str,
@@ -49,9 +50,23 @@ class ConfigError(ValueError):
     pass
 
 
-def load_config(path) -> Dict[str, Any]:
-    """Read and validate one config; adds ``name`` (path relative to configs/)."""
+def find_config(path) -> Path:
+    """A config file: ``path`` itself when it exists, else a config shipped with the package
+    named by its path under configs/ (``bpt/table7_bpt_k4`` or ``bpt/table7_bpt_k4.yaml``)."""
     path = Path(path)
+    if path.exists():
+        return path
+    relative = Path(*path.parts[1:]) if path.parts[:1] == ("configs",) else path
+    shipped = CONFIG_DIR / relative.with_suffix(".yaml")
+    if shipped.exists():
+        return shipped
+    raise ConfigError(f"{path}: no such file, nor a config of {CONFIG_DIR} by that name")
+
+
+def load_config(path) -> Dict[str, Any]:
+    """Read and validate one config (a file, or a shipped config's name); adds ``name``
+    (its path relative to configs/)."""
+    path = find_config(path)
     try:
         cfg = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
