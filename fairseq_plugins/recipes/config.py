@@ -14,7 +14,8 @@ A config holds everything needed to rerun one row::
     train: {...}                 # optimisation options
     gpus: 8                      # GPUs the paper's batch assumes; update-freq is rescaled
     average_last: 10             # average the last N epoch checkpoints (0: checkpoint_best)
-    generate: {beam: 5, lenpen: 0.6}
+    generate: {beam: 5, lenpen: 0.6}   # translation: fairseq-generate options
+    evaluate: {...}              # other tasks: options of their evaluation command
     sacrebleu_tokenize: intl     # sacrebleu's tokenizer for the detokenized score (default 13a; zh
                                  # for a Chinese target)
     note: ...                    # which values the paper leaves open, and what we chose
@@ -35,11 +36,13 @@ from ..resources import resource_dir, user_dir
 
 CONFIG_DIR = resource_dir("configs")
 USER_DIR = user_dir()
-METRICS = ("sacrebleu", "tokenized")
+METRICS = ("sacrebleu", "tokenized", "bpc", "ppl", "accuracy", "f1")  # what ``reported`` may hold
 
 _REQUIRED = {"paper": str, "table": str, "row": str, "data": str, "arch": str,
-             "model": dict, "train": dict, "generate": dict, "gpus": int, "average_last": int}
-_OPTIONAL = {"column": str, "reported": dict, "task": dict, "note": str, "sacrebleu_tokenize": str}
+             "model": dict, "train": dict, "gpus": int, "average_last": int}
+_OPTIONAL = {"column": str, "reported": dict, "task": dict, "note": str, "sacrebleu_tokenize": str,
+             "generate": dict,  # fairseq-generate options (translation tasks)
+             "evaluate": dict}  # options of the task's own evaluation command (e.g. fairseq-eval-lm)
 SACREBLEU_TOKENIZERS = ("13a", "intl", "zh", "char", "none")
 # flags the scripts set themselves; a config must not carry them
 _RESERVED = {"user-dir", "arch", "save-dir", "path", "distributed-world-size", "gen-subset", "remove-bpe",
@@ -86,7 +89,7 @@ def load_config(path) -> Dict[str, Any]:
     for metric, value in (cfg.get("reported") or {}).items():
         if metric not in METRICS or not isinstance(value, (int, float)):
             raise ConfigError(f"{path}: reported must map {METRICS} to numbers, got {metric}: {value!r}")
-    for section in ("task", "model", "train", "generate"):
+    for section in ("task", "model", "train", "generate", "evaluate"):
         clash = _RESERVED.intersection(cfg.get(section) or {})
         if clash:
             raise ConfigError(f"{path}: '{section}' sets {sorted(clash)}, which the scripts set themselves")
@@ -95,6 +98,8 @@ def load_config(path) -> Dict[str, Any]:
     if cfg["gpus"] < 1 or cfg["average_last"] < 0:
         raise ConfigError(f"{path}: gpus must be >= 1 and average_last >= 0")
     cfg.setdefault("task", {})
+    cfg.setdefault("generate", {})
+    cfg.setdefault("evaluate", {})
     cfg.setdefault("column", "BLEU")
     cfg.setdefault("reported", {})
     try:
