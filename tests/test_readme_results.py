@@ -46,7 +46,8 @@ def test_each_model_comes_from_its_newest_run_beside_that_runs_baseline(monkeypa
     monkeypatch.setattr(readme_results, "MODELS", models)
     old = _run("old", [_row("transformer_postnorm", 18.0), _row("bpt_transformer", 20.0), _row("ms_transformer", 19.0)],
                [_cmp("bpt_transformer", 2.0), _cmp("ms_transformer", 1.0)])
-    new = _run("new", [_row("transformer_postnorm", 18.5), _row("bpt_transformer", 21.0)], [_cmp("bpt_transformer", 2.5)])
+    new = _run("new", [_row("transformer_postnorm", 18.5), _row("bpt_transformer", 21.0)],
+               [_cmp("bpt_transformer", 2.5)])
     table = readme_results.render({"runs": [old, new]})
     lines = table.splitlines()[2:]
     assert lines == ["| *new, d* | | | | | |",
