@@ -149,3 +149,12 @@ def test_documented_paths_exist():
     missing: Set[str] = {f"{path} (shown in {', '.join(pages)})" for path, pages in PATHS.items()
                          if not (ROOT / path).exists()}
     assert not missing, sorted(missing)
+
+
+def test_relative_links_point_at_files_that_exist():
+    missing = []
+    for page in PAGES:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)\s]*)?\)", page.read_text(encoding="utf-8")):
+            if not re.match(r"[a-z]+:", target) and not (page.parent / target).exists():
+                missing.append(f"{page.name}: {target}")
+    assert not missing, missing
