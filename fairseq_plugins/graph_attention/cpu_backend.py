@@ -17,15 +17,15 @@ warns once and leaves the torch backend in use.
 
 import hashlib
 import platform
-from pathlib import Path
 
 import torch
 from torch.autograd.function import once_differentiable
 
 from fairseq_plugins.graph_attention.extension_build import Extension
 from fairseq_plugins.graph_attention.registry import register_backend
+from fairseq_plugins.resources import resource_dir
 
-SOURCE_DIR = Path(__file__).resolve().parents[2] / "cpu_ext" / "csrc"
+SOURCE_DIR = resource_dir("cpu_ext") / "csrc"
 DTYPES = (torch.float32, torch.float64)
 # the build is for the CPU that builds it (the cache folder names the CPU's features): AVX2/AVX-512
 # for the loops over the head dim, which ``#pragma omp simd`` vectorizes (reductions in a

@@ -9,20 +9,15 @@ processes reuse it and another torch rebuilds.
 """
 
 import logging
-import os
 import threading
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-import torch
 from torch.utils import cpp_extension
 
+from ..resources import cache_root
+
 logger = logging.getLogger(__name__)
-
-
-def cache_root() -> Path:
-    """The per-user cache of compiled kernels."""
-    return Path(os.environ.get("FAIRSEQ_PLUGINS_CACHE", Path.home() / ".cache" / "fairseq_plugins"))
 
 
 class Extension:
