@@ -34,7 +34,8 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from fairseq_plugins.check_gpu import model_update, op_benchmark
+from fairseq_plugins.check_gpu.model_update import markdown as update_markdown
+from fairseq_plugins.check_gpu.op_benchmark import markdown as benchmark_markdown
 from fairseq_plugins.check_gpu.runner import Progress, Step, StepResult, python_env, run_step
 
 PACKAGE = Path(__file__).resolve().parents[1]  # the fairseq_plugins this command belongs to
@@ -211,9 +212,9 @@ def render_report(env: Dict[str, str], results: List[StepResult], benchmark: Opt
     verdict = all(r.ok for r in results)
     lines += ["", f"**{'Every step that ran passed.' if verdict else 'Some steps failed.'}**"]
     if benchmark:
-        lines += ["", "## Graph attention per op", "", op_benchmark.markdown(benchmark).strip()]
+        lines += ["", "## Graph attention per op", "", benchmark_markdown(benchmark).strip()]
     if update:
-        lines += ["", "## One training update per model", "", model_update.markdown(update).strip()]
+        lines += ["", "## One training update per model", "", update_markdown(update).strip()]
     failed = [r for r in results if not r.ok]
     if failed:
         lines += ["", "## Failed steps: command and last lines (whole logs beside this report)"]

@@ -31,7 +31,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 import torch.nn.functional as F
 
-from fairseq_plugins.check_gpu import kernel_checks
+from fairseq_plugins.check_gpu.kernel_checks import errors_against_float64, relative_errors
 from fairseq_plugins.check_gpu.runner import PROGRESS, format_duration
 from fairseq_plugins.graph_attention import graph_attention
 from fairseq_plugins.graphs.binary_partition import bpt_graph
@@ -166,7 +166,7 @@ def dense_errors(dtype, dim: int, n: int, device) -> Dict[str, float]:
         return [out.detach()] + list(torch.autograd.grad(out, tensors, grad.to(device, run_dtype)))
 
     expected = [t.cpu() for t in run(torch.float64, nullcontext())]
-    return kernel_checks.relative_errors(run(dtype, sdpa_context(device)), expected)
+    return relative_errors(run(dtype, sdpa_context(device)), expected)
 
 
 def measure(backend: str, graph, n: int, dropout_p: float, args) -> Dict:
@@ -192,7 +192,7 @@ def measure(backend: str, graph, n: int, dropout_p: float, args) -> Dict:
             if backend == "sdpa":
                 row["errors"] = dense_errors(dtype, args.head_dim, n, args.device)
             else:
-                errors, wrong = kernel_checks.errors_against_float64(
+                errors, wrong = errors_against_float64(
                     backend, graph, [n], dtype, args.head_dim, args.device,
                     reference_device=args.device)
                 row["errors"] = errors
