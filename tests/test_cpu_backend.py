@@ -12,9 +12,9 @@ extension (about a minute) unless the cache has it.
 import pytest
 import torch
 
+from fairseq_plugins.check_gpu.cases import TILED_GRAPHS, random_tree_graph
 from fairseq_plugins.graph_attention import cpu_backend, graph_attention, registry
 from fairseq_plugins.graphs.binary_partition import bpt_graph, node_present
-from tests.graph_fixtures import TILED_GRAPHS, random_tree_graph
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -16,7 +16,7 @@ from fairseq_plugins.graph_attention import triton_aot, triton_backend  # noqa: 
 from fairseq_plugins.graphs.binary_partition import (  # noqa: E402
     bpt_graph, node_present, segtree_graph,
 )
-from tests.graph_fixtures import TILED_GRAPHS, random_tree_graph  # noqa: E402
+from fairseq_plugins.check_gpu.cases import TILED_GRAPHS, random_tree_graph  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not triton_backend.interpreted(),
                                 reason="needs TRITON_INTERPRET=1 (set by conftest without a GPU)")
