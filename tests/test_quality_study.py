@@ -82,7 +82,8 @@ def test_tiny_study_trains_resumes_scores_and_reports(tmp_path):
     run = tmp_path / "runs" / "slowfast_slow_only" / "seed1"
     assert (run / "checkpoint_2.pt").exists() and (run / "checkpoint_4.pt").exists()
     log = (run / "train.log").read_text()
-    assert log.count("fairseq_cli.train | {") == 2 and "(epoch 1 @ 2 updates)" in log.split("Loaded checkpoint")[1]  # resumed
+    assert log.count("fairseq_cli.train | {") == 2
+    assert "(epoch 1 @ 2 updates)" in log.split("Loaded checkpoint")[1]  # resumed
     assert (tmp_path / "quality_study.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = json.loads((tmp_path / "quality_study.json").read_text())
     assert len(saved["runs"]) == 4
