@@ -103,7 +103,8 @@ def table(size: str, run: dict) -> str:
              f"{meta['encoder_embed_dim']}, FFN {meta['encoder_ffn_embed_dim']}, "
              f"{meta['sentences']} sentences / {meta['source_tokens']} source tokens per batch "
              f"(longest {meta['max_source_length']})", "",
-             "| model | s / update | x transformer (median) | range over rounds | ops that grew most (s per update, profiled) |",
+             "| model | s / update | x transformer (median) | range over rounds "
+             "| ops that grew most (s per update, profiled) |",
              "|---|---|---|---|---|"]
     for name, r in run["results"].items():
         extra = ", ".join(f"`{op}` +{seconds:.3f}" for op, seconds in r["extra_ops"]) or "-"

@@ -90,8 +90,9 @@ def test_triton_work_model_tiny(tmp_path):
 @pytest.mark.slow
 def test_benchmark_models_tiny(tmp_path):
     out = tmp_path / "models"
-    proc = run_script("benchmark_models", "--raw-dir", MULTI30K, "--sizes", "tiny", "--models", "transformer", "bpt", "--updates", "1",
-                      "--threads", "1", "--profile-split", "--split-rounds", "1", "--out", out)  # fmt: skip
+    proc = run_script("benchmark_models", "--raw-dir", MULTI30K, "--sizes", "tiny", "--models", "transformer", "bpt",
+                      "--updates", "1", "--threads", "1", "--profile-split", "--split-rounds", "1",
+                      "--out", out)  # fmt: skip
     results = json.loads(out.with_suffix(".json").read_text())["runs"]["tiny"]["results"]
     assert set(results) == {"transformer", "bpt"} and results["transformer"]["time_ratio"] == 1.0
     split = proc.stdout[proc.stdout.index("| part |"):]
