@@ -138,8 +138,8 @@ def write_table(results, env, args, path):
         dense = row.get("dense")
         tokens = row["batch"] * row["n"]
 
-        def per_nlogn(r):  # O(n log n) memory per sequence <=> constant bytes per token per log2 n
-            return "-" if r is None else f"{r[1] * 2**20 / (tokens * math.log2(row['n'])):.2f}"
+        def per_nlogn(r, tokens=tokens, n=row["n"]):  # O(n log n) memory <=> constant bytes per token per log2 n
+            return "-" if r is None else f"{r[1] * 2**20 / (tokens * math.log2(n)):.2f}"
 
         lines.append(f"| {row['n']} | {row['k']} | {row['batch']} | {ms(dense)} | "
                      + " | ".join(f"{ms(row[b])} | {ratio(dense, row[b])}" for b in graph_backends)

@@ -15,8 +15,9 @@ cannot be imported stays unregistered.
 ``backend="auto"`` trusts a fast backend only after it has checked itself: on the first call
 for a device, dtype and head dim, each registered backend of ``AUTO_PREFERENCE`` (on CPU:
 ``CPU_AUTO_PREFERENCE``) that can run there computes a small padded BPT graph forward and
-backward, compared with the torch backend (a few milliseconds, remembered for the process). The first that passes is used; one that
-fails is named in a single warning and skipped, and the torch backend is the last resort.
+backward, compared with the torch backend (a few milliseconds, remembered for the process).
+The first that passes is used; one that fails is named in a single warning and skipped, and
+the torch backend is the last resort.
 """
 
 import importlib
