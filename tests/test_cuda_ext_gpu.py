@@ -127,7 +127,7 @@ def test_auto_passes_the_self_check_and_falls_back_for_other_head_dims(dtype, mo
     fast = "triton" if "triton" in registry._BACKENDS else "cuda"  # triton comes first when installed
     for dim, expected in ((64, fast), (48, "torch")):
         q = torch.randn(1, 2, graph.num_nodes, dim, device="cuda", dtype=dtype)
-        assert registry.auto_backend(q) == expected
+        assert registry.auto_backend(q, graph) == expected
     assert registry._SELF_CHECKS[(fast, "cuda:0", dtype, 64)] is None
 
 

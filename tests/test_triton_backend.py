@@ -266,6 +266,6 @@ def test_bad_inputs_raise():
     (q, k, v, rel), _, _ = inputs(graph, [5], torch.float32)
     with pytest.raises(ValueError, match="dropout_p"):
         graph_attention(q, k, v, graph, rel, dropout_p=1.0, backend="triton")
-    with pytest.raises(RuntimeError, match="'triton' cannot run"):
+    with pytest.raises(RuntimeError, match="'triton' cannot run these inputs: dtypes"):
         graph_attention(q[..., :16], k[..., :16], v[..., :16], graph, rel[:, :16],
                         backend="triton")

@@ -11,8 +11,8 @@ is proportional to the edges, so time and memory grow like n log n at any k. Any
 
 float32 and float64 (the tests compare float64 with the reference to ~1e-12); other dtypes
 use the torch backend. The extension is built on first use or by
-``scripts/build_cpu_ext.py`` into the per-user cache (``extension_build``); a failed build
-warns once and leaves the torch backend in use.
+``scripts/build_cpu_ext.py`` into the per-user cache (``extension_build``); under "auto" a
+failed build fails the self-check (one warning) and leaves the torch backend in use.
 """
 
 import hashlib
@@ -57,9 +57,16 @@ def load_extension(verbose: bool = False):
     return EXTENSION.load(verbose)
 
 
-def is_available(query: torch.Tensor) -> bool:
-    """CPU tensors of float32/float64 once the extension builds (and loads)."""
-    return query.device.type == "cpu" and query.dtype in DTYPES and EXTENSION.available()
+def refuses(query: torch.Tensor, graph, dropout_p: float = 0.0):
+    """Why the kernel cannot run these inputs (None: it can): CPU tensors of float32/float64
+    over a square graph. Builds nothing."""
+    if query.device.type != "cpu":
+        return f"CPU tensors only, got {query.device}"
+    if query.dtype not in DTYPES:
+        return f"float32/float64 only, got {query.dtype}"
+    if not graph.square:
+        return "square graphs only (a decoding step's graph runs on the torch backend)"
+    return None
 
 
 class CpuGraphAttention(torch.autograd.Function):
@@ -110,4 +117,4 @@ def cpu_graph_attention(query, key, value, graph, rel_key=None, key_padding_mask
                                    float(scale), float(dropout_p))
 
 
-register_backend("cpu", cpu_graph_attention, is_available)
+register_backend("cpu", cpu_graph_attention, refuses, load_extension)

@@ -7,20 +7,26 @@ One op computes for every query node u
 where ``in(u)`` is row u of a CSR adjacency (``AttentionGraph``). The graph is shared by all
 sentences of a batch; sentences differ only through ``key_padding_mask``.
 
-Backends are looked up by name; each backend module calls ``register_backend`` when it is
-imported. ``"torch"`` (``torch_backend``: exact, everywhere, the reference) is imported with the
-package; the optional ones (``OPTIONAL_BACKENDS``) are imported on the first call, and one that
-cannot be imported stays unregistered.
+Backends are looked up by name (``Backend``); each backend module calls ``register_backend``
+when it is imported. ``"torch"`` (``torch_backend``: exact, everywhere, the reference) is
+imported with the package; the optional ones (``OPTIONAL_BACKENDS``) on the first call. One
+whose module cannot be imported is reported: its error is kept (``backend_import_errors``),
+named when the backend is asked for, and warned about unless only an optional dependency
+(Triton) is missing. A backend says why it cannot run some inputs (``refuses``, a pure check
+of devices, dtypes, shapes and limits) apart from getting ready (``prepare``: build or load
+its kernels), which happens only when it is about to be used.
 
 ``backend="auto"`` trusts a fast backend only after it has checked itself: on the first call
 for a device, dtype and head dim, each registered backend of ``AUTO_PREFERENCE`` (on CPU:
-``CPU_AUTO_PREFERENCE``) that can run there computes a small padded BPT graph forward and
-backward, compared with the torch backend (a few milliseconds, remembered for the process). The first that passes is used; one that
-fails is named in a single warning and skipped, and the torch backend is the last resort.
+``CPU_AUTO_PREFERENCE``) that accepts the inputs gets ready and computes a small padded BPT
+graph forward and backward, compared with the torch backend (remembered for the process).
+The first that passes is used; one that fails is named in a single warning and skipped, and
+the torch backend is the last resort.
 """
 
 import importlib
 import warnings
+from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Tuple
 
 import torch
@@ -28,12 +34,13 @@ import torch
 from fairseq_plugins.graphs.attention_graph import AttentionGraph
 from fairseq_plugins.graphs.binary_partition import bpt_graph, node_present
 
-OPTIONAL_BACKENDS = (
-    "fairseq_plugins.graph_attention.cpu_backend",
-    "fairseq_plugins.graph_attention.cuda_backend",
-    "fairseq_plugins.graph_attention.flex_backend",
-    "fairseq_plugins.graph_attention.triton_backend",
-)
+# backend name -> the module that registers it
+OPTIONAL_BACKENDS = {
+    "cpu": "fairseq_plugins.graph_attention.cpu_backend",
+    "cuda": "fairseq_plugins.graph_attention.cuda_backend",
+    "flex": "fairseq_plugins.graph_attention.flex_backend",
+    "triton": "fairseq_plugins.graph_attention.triton_backend",
+}
 # fast backends "auto" may use on a CUDA tensor, best first (until a GPU measurement says
 # otherwise); one that is not registered is skipped
 AUTO_PREFERENCE = ("triton", "cuda")
@@ -45,79 +52,131 @@ CPU_AUTO_PREFERENCE: Tuple[str, ...] = ("cpu",)
 SELF_CHECK_TOLERANCE = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 
 BackendFn = Callable[..., torch.Tensor]
-_BACKENDS: Dict[str, Tuple[BackendFn, Callable[..., bool]]] = {}
+# (query, graph, dropout_p) -> why the backend cannot run these inputs, or None
+Refusal = Callable[[torch.Tensor, AttentionGraph, float], Optional[str]]
+
+
+def _accepts_everything(query, graph, dropout_p) -> Optional[str]:
+    return None
+
+
+def _ready() -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A registered implementation of the op.
+
+    ``fn(query, key, value, graph, rel_key, key_padding_mask, dropout_p, scale)``;
+    ``refuses(query, graph, dropout_p)``: the reason it cannot run these inputs, or None
+    (cheap and side-effect free: it never builds anything); ``prepare()``: build or load
+    what ``fn`` needs, raising when that is impossible here (called before each use, so it
+    must be cheap once done)."""
+
+    name: str
+    fn: BackendFn
+    refuses: Refusal = _accepts_everything
+    prepare: Callable[[], None] = _ready
+
+
+_BACKENDS: Dict[str, Backend] = {}
+_IMPORT_ERRORS: Dict[str, str] = {}  # backend name -> why its module did not import
 _OPTIONAL_IMPORT_TRIED = False
 # (backend, device, dtype, head dim) -> None when the self-check passed, else the error
 _SELF_CHECKS: Dict[Tuple[str, str, torch.dtype, int], Optional[str]] = {}
 
 
-def register_backend(name: str, fn: BackendFn, is_available: Callable[..., bool]) -> None:
-    """Register ``fn(query, key, value, graph, rel_key, key_padding_mask, dropout_p, scale)``.
-
-    ``is_available(query)`` says whether the backend can run on these tensors."""
-    _BACKENDS[name] = (fn, is_available)
+def register_backend(name: str, fn: BackendFn, refuses: Refusal = _accepts_everything,
+                     prepare: Callable[[], None] = _ready) -> None:
+    """Register ``fn`` under ``name`` (see ``Backend`` for the three callables)."""
+    _BACKENDS[name] = Backend(name, fn, refuses, prepare)
 
 
 def _load_optional_backends() -> None:
-    """Import the optional backends once; one that cannot be imported stays unregistered."""
+    """Import the optional backends once; a failure is kept, and warned about unless it is an
+    optional third-party dependency that is simply not installed."""
     global _OPTIONAL_IMPORT_TRIED
-    if not _OPTIONAL_IMPORT_TRIED:
-        _OPTIONAL_IMPORT_TRIED = True
-        for module in OPTIONAL_BACKENDS:  # each registers itself
-            try:
-                importlib.import_module(module)
-            except ImportError:
-                pass
+    if _OPTIONAL_IMPORT_TRIED:
+        return
+    _OPTIONAL_IMPORT_TRIED = True
+    for name, module in OPTIONAL_BACKENDS.items():  # each registers itself
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            _IMPORT_ERRORS[name] = f"{type(error).__name__}: {error}"
+            missing = getattr(error, "name", None) or ""
+            if not isinstance(error, ModuleNotFoundError) or missing.startswith("fairseq_plugins"):
+                warnings.warn(f"graph attention backend {name!r} failed to import ({_IMPORT_ERRORS[name]})",
+                              RuntimeWarning, stacklevel=3)
+
+
+def backend_import_errors() -> Dict[str, str]:
+    """Backends whose module could not be imported, with the error (e.g. no Triton)."""
+    _load_optional_backends()
+    return dict(_IMPORT_ERRORS)
+
+
+def get_backend(name: str) -> Backend:
+    """The registered backend ``name``; a clear error when it is unknown or did not import."""
+    _load_optional_backends()
+    if name in _BACKENDS:
+        return _BACKENDS[name]
+    if name in _IMPORT_ERRORS:
+        raise ValueError(f"graph attention backend {name!r} could not be imported: {_IMPORT_ERRORS[name]}")
+    raise ValueError(f"graph attention backend {name!r} is not registered (available: {sorted(_BACKENDS)})")
 
 
 def graph_attention(
     query, key, value, graph: AttentionGraph, rel_key=None, key_padding_mask=None,
     dropout_p: float = 0.0, scale: Optional[float] = None, backend: str = "auto",
 ) -> torch.Tensor:
-    """query, key, value: [B, H, N, D] (same dtype/device); graph: AttentionGraph over N nodes.
+    """query: [B, H, N, D]; key, value: [B, H, M, D] (same dtype/device); graph: an
+    ``AttentionGraph`` of N query rows over M keys (M = N but for a decoding step's graph).
 
     rel_key: [graph.num_edge_types, D] or None; one learned vector per edge type, shared by
         heads, added to keys: score(u, v) = scale * q_u . (k_v + rel_key[type(u, v)]); scale
         defaults to D ** -0.5.
-    key_padding_mask: [B, N] bool or None, True = node absent in that sentence (padding or a
+    key_padding_mask: [B, M] bool or None, True = node absent in that sentence (padding or a
         span that covers only padding): never attended to.
     A query row with no present in-neighbour returns zeros (and zero gradients).
     dropout_p: attention-probability dropout (applied after softmax, like fairseq).
     backend: "auto" or a registered name ("torch", "cpu", "cuda", "flex", ...); "auto" = the
-        first of ``AUTO_PREFERENCE`` (CUDA) or ``CPU_AUTO_PREFERENCE`` (CPU) that runs here and
-        passed its self-check, else "torch".
-        Returns [B, H, N, D].
+        first of ``AUTO_PREFERENCE`` (CUDA) or ``CPU_AUTO_PREFERENCE`` (CPU) that accepts
+        the inputs and passed its self-check, else "torch".
+    Returns [B, H, N, D].
     """
-    _check_inputs(query, key, value, graph, rel_key, key_padding_mask)
+    _check_inputs(query, key, value, graph, rel_key, key_padding_mask, dropout_p)
     if scale is None:
         scale = query.size(-1) ** -0.5
-    _load_optional_backends()
     if backend == "auto":
-        backend = auto_backend(query)
-    if backend not in _BACKENDS:
-        raise ValueError(f"graph attention backend {backend!r} is not registered "
-                         f"(available: {sorted(_BACKENDS)})")
-    fn, is_available = _BACKENDS[backend]
-    if not is_available(query):
-        raise RuntimeError(f"graph attention backend {backend!r} cannot run on "
-                           f"{query.device} / {query.dtype} tensors")
-    return fn(query, key, value, graph, rel_key, key_padding_mask, dropout_p, scale)
+        backend = auto_backend(query, graph, dropout_p)
+    entry = get_backend(backend)
+    reason = entry.refuses(query, graph, dropout_p)
+    if reason is not None:
+        raise RuntimeError(f"graph attention backend {backend!r} cannot run these inputs: {reason}")
+    entry.prepare()
+    return entry.fn(query, key, value, graph, rel_key, key_padding_mask, dropout_p, scale)
 
 
-def _check_inputs(query, key, value, graph, rel_key, key_padding_mask):
-    if query.dim() != 4 or query.shape != key.shape or key.shape != value.shape:
-        raise ValueError(f"query/key/value must all be [B, H, N, D]; got "
+def _check_inputs(query, key, value, graph, rel_key, key_padding_mask, dropout_p):
+    if query.dim() != 4 or key.shape != value.shape or key.dim() != 4 \
+            or query.shape[:2] != key.shape[:2] or query.size(-1) != key.size(-1):
+        raise ValueError(f"query must be [B, H, N, D] and key/value [B, H, M, D]; got "
                          f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
-    if query.size(2) != graph.num_nodes:
-        raise ValueError(f"inputs have {query.size(2)} nodes, graph has {graph.num_nodes}")
+    if query.size(2) != graph.num_nodes or key.size(2) != graph.num_keys:
+        raise ValueError(f"inputs have {query.size(2)} query and {key.size(2)} key nodes, the graph "
+                         f"{graph.num_nodes} query nodes over {graph.num_keys} keys")
     if rel_key is not None and rel_key.shape != (graph.num_edge_types, query.size(-1)):
         raise ValueError(f"rel_key must be [{graph.num_edge_types}, {query.size(-1)}], "
                          f"got {tuple(rel_key.shape)}")
     if key_padding_mask is not None and (
         key_padding_mask.dtype != torch.bool
-        or key_padding_mask.shape != (query.size(0), graph.num_nodes)
+        or key_padding_mask.shape != (query.size(0), graph.num_keys)
     ):
-        raise ValueError("key_padding_mask must be a bool [B, N] tensor")
+        raise ValueError("key_padding_mask must be a bool [B, M] tensor")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
 
 
 def wants_fast_backend(query: torch.Tensor) -> bool:
@@ -127,8 +186,9 @@ def wants_fast_backend(query: torch.Tensor) -> bool:
     return query.is_cuda
 
 
-def auto_backend(query: torch.Tensor) -> str:
-    """The backend ``backend="auto"`` uses for ``query`` (see the module docstring)."""
+def auto_backend(query: torch.Tensor, graph: AttentionGraph, dropout_p: float = 0.0) -> str:
+    """The backend ``backend="auto"`` uses for these inputs (see the module docstring)."""
+    _load_optional_backends()
     if wants_fast_backend(query):
         candidates = AUTO_PREFERENCE
     elif query.device.type == "cpu":
@@ -137,19 +197,22 @@ def auto_backend(query: torch.Tensor) -> str:
         candidates = ()
     for name in candidates:
         entry = _BACKENDS.get(name)
-        if entry is not None and entry[1](query) and passes_self_check(name, query):
+        if entry is not None and entry.refuses(query, graph, dropout_p) is None \
+                and passes_self_check(name, query):
             return name
     return "torch"
 
 
 def passes_self_check(name: str, query: torch.Tensor) -> bool:
     """Backend ``name`` against the torch backend on ``query``'s device, dtype and head dim;
-    run once per process, with one warning naming the backend and the error on failure."""
+    run once per process (after ``prepare``, whose failure fails the check), with one warning
+    naming the backend and the error on failure."""
     key = (name, str(query.device), query.dtype, query.size(-1))
     if key not in _SELF_CHECKS:
         try:
+            _BACKENDS[name].prepare()
             with torch.inference_mode(False), torch.enable_grad():  # whatever the caller runs in
-                self_check(_BACKENDS[name][0], query.device, query.dtype, query.size(-1))
+                self_check(_BACKENDS[name].fn, query.device, query.dtype, query.size(-1))
             _SELF_CHECKS[key] = None
         except Exception as error:  # any failure means: do not trust it here
             _SELF_CHECKS[key] = f"{type(error).__name__}: {error}"
@@ -171,7 +234,7 @@ def self_check(fn: BackendFn, device, dtype, head_dim: int) -> None:
     leaves.append(0.5 * torch.randn(graph.num_edge_types, head_dim, generator=gen))
     grad_out = torch.randn(shape, generator=gen)
     absent = ~node_present(torch.tensor([24, 11]), 24)
-    reference_fn = _BACKENDS["torch"][0]
+    reference_fn = _BACKENDS["torch"].fn
 
     def outputs(backend_fn, tensors, mask, grad):
         tensors = [t.detach().requires_grad_() for t in tensors]

@@ -26,10 +26,10 @@ DENSE_MAX_NODES = 96  # sentences up to 48 tokens: the measured CPU crossover (d
 
 def torch_graph_attention(query, key, value, graph, rel_key, key_padding_mask, dropout_p, scale):
     """The ``"torch"`` backend: the exact path that suits the graph's size and layout."""
-    if graph.num_nodes <= DENSE_MAX_NODES:
+    if graph.num_nodes <= DENSE_MAX_NODES and graph.num_keys <= DENSE_MAX_NODES:
         return dense_graph_attention(query, key, value, graph, rel_key, key_padding_mask,
                                      dropout_p, scale)
-    if graph.tree is not None:
+    if graph.tree is not None:  # square by construction
         return tree_block_attention(query, key, value, graph, rel_key, key_padding_mask,
                                     dropout_p, scale)
     indptr, indices, edge_type = graph.on(query.device)
@@ -37,20 +37,19 @@ def torch_graph_attention(query, key, value, graph, rel_key, key_padding_mask, d
                          key_padding_mask, dropout_p, scale)
 
 
-register_backend("torch", torch_graph_attention, lambda query: True)
+register_backend("torch", torch_graph_attention)
 
 
 def _dense_layout(graph: AttentionGraph, device, dtype) -> Tuple[torch.Tensor, torch.Tensor]:
-    """([N, N] additive mask, 0 on edges and -inf elsewhere; [N, N] edge type, 0 off the graph)."""
-    key = ("dense", str(device), dtype)
-    if key not in graph._cache:
-        n = graph.num_nodes
-        mask = torch.full((n, n), float("-inf"), dtype=dtype)
+    """([N, M] additive mask, 0 on edges and -inf elsewhere; [N, M] edge type, 0 off the graph)."""
+    def build():
+        shape = (graph.num_nodes, graph.num_keys)
+        mask = torch.full(shape, float("-inf"), dtype=dtype)
         mask[graph.rows(), graph.indices] = 0.0
-        types = torch.zeros(n, n, dtype=torch.int64)
+        types = torch.zeros(shape, dtype=torch.int64)
         types[graph.rows(), graph.indices] = graph.edge_type
-        graph._cache[key] = (mask.to(device), types.to(device))
-    return graph._cache[key]
+        return mask.to(device), types.to(device)
+    return graph.derived("dense", device, build, dtype)
 
 
 def dense_graph_attention(query, key, value, graph, rel_key=None, key_padding_mask=None,
@@ -59,13 +58,14 @@ def dense_graph_attention(query, key, value, graph, rel_key=None, key_padding_ma
 
     Wasteful in FLOPs but a handful of large kernels, which beats the structured paths' many
     small ones for the short sentences of MT. The relative term q . rel_key[type] is computed as
-    q @ rel_key.T ([B, H, N, T], small) gathered by the cached [N, N] type index.
+    q @ rel_key.T ([B, H, N, T], small) gathered by the cached [N, M] type index.
     """
     bsz, heads, num_nodes, dim = query.shape
+    num_keys = key.size(2)
     if scale is None:
         scale = dim ** -0.5
     mask, types = _dense_layout(graph, query.device, query.dtype)
-    mask = mask.expand(bsz, 1, num_nodes, num_nodes)
+    mask = mask.expand(bsz, 1, num_nodes, num_keys)
     if key_padding_mask is not None:
         mask = mask.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
     # rows with no present key: attend anywhere (finite), then zero the output below
@@ -73,7 +73,7 @@ def dense_graph_attention(query, key, value, graph, rel_key=None, key_padding_ma
     mask = mask.masked_fill(~has_key, 0.0)
     if rel_key is not None:
         q_rel = query @ rel_key.transpose(0, 1)  # [B, H, N, T]
-        bias = torch.gather(q_rel, -1, types.expand(bsz, heads, num_nodes, num_nodes))
+        bias = torch.gather(q_rel, -1, types.expand(bsz, heads, num_nodes, num_keys))
         mask = mask + bias * scale
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask,
                                          dropout_p=dropout_p if dropout_p > 0 else 0.0, scale=scale)

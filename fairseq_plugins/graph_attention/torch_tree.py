@@ -99,9 +99,11 @@ def _tree_plan(graph: "AttentionGraph", group_tokens: int, device) -> Tuple[_Que
     levels side by side are the columns of the group's scores: one GEMM per group. Bands are
     measured from the edges, so any graph laid out as a tree is computed exactly; the tree's
     shape only decides how little is wasted."""
-    key = ("tree_plan", group_tokens, str(device))
-    if key in graph._cache:
-        return graph._cache[key]
+    return graph.derived("tree_plan", device, lambda: _build_tree_plan(graph, group_tokens, device),
+                         group_tokens)
+
+
+def _build_tree_plan(graph: "AttentionGraph", group_tokens: int, device) -> Tuple[_QuerySet, ...]:
     tree = graph.tree
     offsets, sizes = tree.level_offsets, tree.level_sizes
     node_level = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
@@ -147,8 +149,7 @@ def _tree_plan(graph: "AttentionGraph", group_tokens: int, device) -> Tuple[_Que
             nodes.to(device), group, tuple(bands), column_type.to(device),
             (column_type == graph.num_edge_types).to(device), has_edge.to(device),
             bool(has_edge.all()), int((nodes >= 0).sum()), runs, blocks))
-    graph._cache[key] = tuple(plan)
-    return graph._cache[key]
+    return tuple(plan)
 
 
 def _nodes(x: torch.Tensor, band: _KeyBand) -> torch.Tensor:
@@ -183,7 +184,7 @@ def _windows(padded: torch.Tensor, band: _KeyBand, groups: int) -> torch.Tensor:
 MAX_SHIFTED_ADDS = 4  # more (coarse levels: narrow strides, small levels) cost more in calls
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=1024)
 def _fold_index(band: _KeyBand, num_bands: int, device: torch.device):
     """(positions, nodes): the band columns of ``num_bands`` bands (flattened [bands x width])
     that lie inside the level, and the key node of each."""

@@ -28,10 +28,12 @@ from torch.autograd.function import once_differentiable
 from fairseq_plugins.graph_attention import triton_kernels  # ImportError without Triton
 from fairseq_plugins.graph_attention.registry import register_backend
 from fairseq_plugins.graph_attention.tile_plan import TilePlan, merge_forward, merge_sum, plan_on
+from fairseq_plugins.graphs.attention_graph import AttentionGraph
 
 HEAD_DIMS = (32, 64, 128)
 GPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_BATCH_HEADS = 65535  # grid.y
+MAX_DROPOUT_NODES = 2**16 - 1  # the dropout hash's counter is query * N + key in 32 bits
 # tensor-core input precision: fp32 operands are split into a high and a low tf32 part and
 # multiplied in three tf32 products (about fp32 accuracy); fp16/bf16 operands are exact
 DOT_PRECISION = {torch.float32: "tf32x3", torch.float16: "ieee", torch.bfloat16: "ieee"}
@@ -88,11 +90,23 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def is_available(query: torch.Tensor) -> bool:
-    """CUDA tensors (any device under the interpreter) of a dtype and head dim in ``CONFIGS``."""
-    return (query.dim() == 4 and query.dtype in GPU_DTYPES and query.size(-1) in HEAD_DIMS
-            and query.size(0) * query.size(1) <= MAX_BATCH_HEADS
-            and (query.is_cuda or interpreted()))
+def refuses(query: torch.Tensor, graph: AttentionGraph, dropout_p: float = 0.0):
+    """Why the kernels cannot run these inputs (None: they can): CUDA tensors (any device
+    under the interpreter) of a dtype and head dim in ``CONFIGS``, at most
+    ``MAX_BATCH_HEADS`` sentences x heads, a square graph, and with dropout at most
+    ``MAX_DROPOUT_NODES`` nodes."""
+    if not (query.is_cuda or interpreted()):
+        return f"CUDA tensors only (any device with TRITON_INTERPRET=1), got {query.device}"
+    if query.dtype not in GPU_DTYPES or query.size(-1) not in HEAD_DIMS:
+        return f"dtypes {GPU_DTYPES} and head dims {HEAD_DIMS}, got {query.dtype} / {query.size(-1)}"
+    if query.size(0) * query.size(1) > MAX_BATCH_HEADS:
+        return f"at most {MAX_BATCH_HEADS} sentences x heads, got {query.size(0) * query.size(1)}"
+    if not graph.square:
+        return "square graphs only (a decoding step's graph runs on the torch backend)"
+    if dropout_p > 0 and graph.num_nodes > MAX_DROPOUT_NODES:
+        return (f"dropout hashes (query, key) pairs in 32 bits: at most {MAX_DROPOUT_NODES} "
+                f"nodes, got {graph.num_nodes}")
+    return None
 
 
 def tiles(dtype: torch.dtype, head_dim: int) -> Tuple[int, int]:
@@ -218,9 +232,9 @@ def triton_graph_attention(query, key, value, graph, rel_key=None, key_padding_m
     """Backend function (see ``graph_attention`` for the semantics)."""
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    if dropout_p > 0 and graph.num_nodes >= 2**16:
-        raise ValueError("the triton backend's dropout hashes (query, key) pairs in 32 bits: "
-                         f"at most 65535 nodes, got {graph.num_nodes}")
+    reason = refuses(query, graph, dropout_p)
+    if reason is not None:
+        raise ValueError(f"the triton graph attention backend: {reason}")
     if scale is None:
         scale = query.size(-1) ** -0.5
     if graph.num_edges == 0:  # no row has a key
@@ -230,4 +244,4 @@ def triton_graph_attention(query, key, value, graph, rel_key=None, key_padding_m
                                       float(scale), float(dropout_p))
 
 
-register_backend("triton", triton_graph_attention, is_available)
+register_backend("triton", triton_graph_attention, refuses)
