@@ -9,8 +9,8 @@ tiles are three quarters non-edges). No [rows x keys] probabilities are stored, 
 is proportional to the edges, so time and memory grow like n log n at any k. Any
 ``AttentionGraph`` runs, tree-laid or not.
 
-float32 and float64 (the tests compare float64 with the reference to ~1e-12); other dtypes
-use the torch backend. The extension is built on first use or by
+float32 and float64 (the tests compare float64 with the reference to ~1e-12); float16 and
+bfloat16 inputs (autocast) are computed in float32 and returned in their own dtype. The extension is built on first use or by
 ``scripts/build_cpu_ext.py`` into the per-user cache (``extension_build``); under "auto" a
 failed build fails the self-check (one warning) and leaves the torch backend in use.
 """
@@ -26,7 +26,8 @@ from fairseq_plugins.graph_attention.extension_build import Extension
 from fairseq_plugins.graph_attention.registry import register_backend
 
 SOURCE_DIR = Path(__file__).resolve().parents[2] / "cpu_ext" / "csrc"
-DTYPES = (torch.float32, torch.float64)
+DTYPES = (torch.float32, torch.float64)  # what the kernel computes in
+HALF_DTYPES = (torch.float16, torch.bfloat16)  # computed in float32
 # the build is for the CPU that builds it (the cache folder names the CPU's features): AVX2/AVX-512
 # for the loops over the head dim, which ``#pragma omp simd`` vectorizes (reductions in a
 # fixed lane order); OpenMP, without which at::parallel_for (inline in torch's headers) runs
@@ -62,8 +63,8 @@ def refuses(query: torch.Tensor, graph, dropout_p: float = 0.0):
     over a square graph. Builds nothing."""
     if query.device.type != "cpu":
         return f"CPU tensors only, got {query.device}"
-    if query.dtype not in DTYPES:
-        return f"float32/float64 only, got {query.dtype}"
+    if query.dtype not in DTYPES + HALF_DTYPES:
+        return f"float32/float64 (and float16/bfloat16, computed in float32) only, got {query.dtype}"
     if not graph.square:
         return "square graphs only (a decoding step's graph runs on the torch backend)"
     return None
@@ -75,7 +76,8 @@ class CpuGraphAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, rel_key, key_padding_mask, graph, scale, dropout_p):
         bsz, heads, num_nodes, dim = query.shape
-        q, k, v = (x.reshape(bsz * heads, num_nodes, dim).contiguous()
+        compute = query.dtype if query.dtype in DTYPES else torch.float32
+        q, k, v = (x.reshape(bsz * heads, num_nodes, dim).to(compute).contiguous()
                    for x in (query, key, value))
         rel = None if rel_key is None else rel_key.to(q.dtype).contiguous()
         pad = None if key_padding_mask is None else key_padding_mask.to(torch.uint8).contiguous()
@@ -86,7 +88,8 @@ class CpuGraphAttention(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, out, lse, rel_key, rel, pad)
         ctx.csr, ctx.heads = csr, heads
         ctx.scalars = (scale, dropout_p, seed)  # the backward's trailing kernel arguments
-        return out.view(query.shape)
+        ctx.dtype = query.dtype
+        return out.view(query.shape).to(query.dtype)
 
     @staticmethod
     @once_differentiable
@@ -97,8 +100,8 @@ class CpuGraphAttention(torch.autograd.Function):
         grad_q, grad_k, grad_v, grad_rel = load_extension().backward(
             grad_out, q, k, v, out, lse, rel, pad, ctx.csr, ctx.heads, *ctx.scalars)
         grad_rel = None if rel_key is None else grad_rel.to(rel_key.dtype)
-        return (grad_q.view(shape), grad_k.view(shape), grad_v.view(shape), grad_rel, None,
-                None, None, None)
+        grad_q, grad_k, grad_v = (g.view(shape).to(ctx.dtype) for g in (grad_q, grad_k, grad_v))
+        return grad_q, grad_k, grad_v, grad_rel, None, None, None, None
 
 
 def cpu_graph_attention(query, key, value, graph, rel_key=None, key_padding_mask=None,
@@ -106,9 +109,9 @@ def cpu_graph_attention(query, key, value, graph, rel_key=None, key_padding_mask
     """Backend function (see ``graph_attention`` for the semantics)."""
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    if query.dtype not in DTYPES or query.device.type != "cpu":
-        raise ValueError(f"the cpu graph attention backend takes float32/float64 CPU tensors, "
-                         f"got {query.dtype} on {query.device}")
+    reason = refuses(query, graph, dropout_p)
+    if reason is not None:
+        raise ValueError(f"the cpu graph attention backend: {reason}")
     if scale is None:
         scale = query.size(-1) ** -0.5
     if graph.num_edges == 0:  # no row has a key

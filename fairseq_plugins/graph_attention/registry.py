@@ -31,6 +31,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
+from fairseq_plugins.graph_attention.precision import autocast_inputs, autocast_off
 from fairseq_plugins.graphs.attention_graph import AttentionGraph
 from fairseq_plugins.graphs.binary_partition import bpt_graph, node_present
 
@@ -83,8 +84,8 @@ class Backend:
 _BACKENDS: Dict[str, Backend] = {}
 _IMPORT_ERRORS: Dict[str, str] = {}  # backend name -> why its module did not import
 _OPTIONAL_IMPORT_TRIED = False
-# (backend, device, dtype, head dim) -> None when the self-check passed, else the error
-_SELF_CHECKS: Dict[Tuple[str, str, torch.dtype, int], Optional[str]] = {}
+# (backend, device, dtype, head dim, rel_key dtype) -> None when the self-check passed, else the error
+_SELF_CHECKS: Dict[Tuple[str, str, torch.dtype, int, torch.dtype], Optional[str]] = {}
 
 
 def register_backend(name: str, fn: BackendFn, refuses: Refusal = _accepts_everything,
@@ -141,22 +142,26 @@ def graph_attention(
         span that covers only padding): never attended to.
     A query row with no present in-neighbour returns zeros (and zero gradients).
     dropout_p: attention-probability dropout (applied after softmax, like fairseq).
+    Under autocast, float32 query/key/value are computed in autocast's dtype (``precision``);
+    rel_key keeps its dtype, and so does its gradient.
     backend: "auto" or a registered name ("torch", "cpu", "cuda", "flex", ...); "auto" = the
         first of ``AUTO_PREFERENCE`` (CUDA) or ``CPU_AUTO_PREFERENCE`` (CPU) that accepts
         the inputs and passed its self-check, else "torch".
     Returns [B, H, N, D].
     """
+    query, key, value = autocast_inputs(query, key, value)
     _check_inputs(query, key, value, graph, rel_key, key_padding_mask, dropout_p)
     if scale is None:
         scale = query.size(-1) ** -0.5
     if backend == "auto":
-        backend = auto_backend(query, graph, dropout_p)
+        backend = auto_backend(query, graph, dropout_p, None if rel_key is None else rel_key.dtype)
     entry = get_backend(backend)
     reason = entry.refuses(query, graph, dropout_p)
     if reason is not None:
         raise RuntimeError(f"graph attention backend {backend!r} cannot run these inputs: {reason}")
     entry.prepare()
-    return entry.fn(query, key, value, graph, rel_key, key_padding_mask, dropout_p, scale)
+    with autocast_off(query.device):
+        return entry.fn(query, key, value, graph, rel_key, key_padding_mask, dropout_p, scale)
 
 
 def _check_inputs(query, key, value, graph, rel_key, key_padding_mask, dropout_p):
@@ -164,12 +169,19 @@ def _check_inputs(query, key, value, graph, rel_key, key_padding_mask, dropout_p
             or query.shape[:2] != key.shape[:2] or query.size(-1) != key.size(-1):
         raise ValueError(f"query must be [B, H, N, D] and key/value [B, H, M, D]; got "
                          f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
+    if not query.dtype == key.dtype == value.dtype or not query.is_floating_point():
+        raise ValueError(f"query, key and value must have one floating dtype, got "
+                         f"{query.dtype}, {key.dtype}, {value.dtype}")
+    if not query.device == key.device == value.device:
+        raise ValueError(f"query, key and value must be on one device, got "
+                         f"{query.device}, {key.device}, {value.device}")
     if query.size(2) != graph.num_nodes or key.size(2) != graph.num_keys:
         raise ValueError(f"inputs have {query.size(2)} query and {key.size(2)} key nodes, the graph "
                          f"{graph.num_nodes} query nodes over {graph.num_keys} keys")
-    if rel_key is not None and rel_key.shape != (graph.num_edge_types, query.size(-1)):
-        raise ValueError(f"rel_key must be [{graph.num_edge_types}, {query.size(-1)}], "
-                         f"got {tuple(rel_key.shape)}")
+    if rel_key is not None and (rel_key.shape != (graph.num_edge_types, query.size(-1))
+                                or not rel_key.is_floating_point() or rel_key.device != query.device):
+        raise ValueError(f"rel_key must be a floating [{graph.num_edge_types}, {query.size(-1)}] tensor "
+                         f"on {query.device}, got {rel_key.dtype} {tuple(rel_key.shape)} on {rel_key.device}")
     if key_padding_mask is not None and (
         key_padding_mask.dtype != torch.bool
         or key_padding_mask.shape != (query.size(0), graph.num_keys)
@@ -186,7 +198,8 @@ def wants_fast_backend(query: torch.Tensor) -> bool:
     return query.is_cuda
 
 
-def auto_backend(query: torch.Tensor, graph: AttentionGraph, dropout_p: float = 0.0) -> str:
+def auto_backend(query: torch.Tensor, graph: AttentionGraph, dropout_p: float = 0.0,
+                 rel_dtype: Optional[torch.dtype] = None) -> str:
     """The backend ``backend="auto"`` uses for these inputs (see the module docstring)."""
     _load_optional_backends()
     if wants_fast_backend(query):
@@ -198,21 +211,23 @@ def auto_backend(query: torch.Tensor, graph: AttentionGraph, dropout_p: float = 
     for name in candidates:
         entry = _BACKENDS.get(name)
         if entry is not None and entry.refuses(query, graph, dropout_p) is None \
-                and passes_self_check(name, query):
+                and passes_self_check(name, query, rel_dtype):
             return name
     return "torch"
 
 
-def passes_self_check(name: str, query: torch.Tensor) -> bool:
-    """Backend ``name`` against the torch backend on ``query``'s device, dtype and head dim;
+def passes_self_check(name: str, query: torch.Tensor, rel_dtype: Optional[torch.dtype] = None) -> bool:
+    """Backend ``name`` against the torch backend on ``query``'s device, dtype and head dim
+    (and relative keys of ``rel_dtype``, default the query's: float32 ones under autocast);
     run once per process (after ``prepare``, whose failure fails the check), with one warning
     naming the backend and the error on failure."""
-    key = (name, str(query.device), query.dtype, query.size(-1))
+    rel_dtype = rel_dtype or query.dtype
+    key = (name, str(query.device), query.dtype, query.size(-1), rel_dtype)
     if key not in _SELF_CHECKS:
         try:
             _BACKENDS[name].prepare()
             with torch.inference_mode(False), torch.enable_grad():  # whatever the caller runs in
-                self_check(_BACKENDS[name].fn, query.device, query.dtype, query.size(-1))
+                self_check(_BACKENDS[name].fn, query.device, query.dtype, query.size(-1), rel_dtype)
             _SELF_CHECKS[key] = None
         except Exception as error:  # any failure means: do not trust it here
             _SELF_CHECKS[key] = f"{type(error).__name__}: {error}"
@@ -223,10 +238,12 @@ def passes_self_check(name: str, query: torch.Tensor) -> bool:
     return _SELF_CHECKS[key] is None
 
 
-def self_check(fn: BackendFn, device, dtype, head_dim: int) -> None:
+def self_check(fn: BackendFn, device, dtype, head_dim: int, rel_dtype: Optional[torch.dtype] = None) -> None:
     """Raise unless ``fn`` matches the torch backend (float64, CPU) on a BPT graph of 24 tokens
-    (k = 2, 2 sentences, one padded to 11 tokens, 2 heads, relative keys): output and the
-    gradients of query, key, value and relative keys."""
+    (k = 2, 2 sentences, one padded to 11 tokens, 2 heads, relative keys of ``rel_dtype``,
+    default ``dtype``): output and the gradients of query, key, value and relative keys, each
+    in its input's dtype. Runs ``fn`` as the op does, with autocast off."""
+    rel_dtype = rel_dtype or dtype
     graph = bpt_graph(24, 2)
     gen = torch.Generator().manual_seed(0)
     shape = (2, 2, graph.num_nodes, head_dim)
@@ -238,15 +255,17 @@ def self_check(fn: BackendFn, device, dtype, head_dim: int) -> None:
 
     def outputs(backend_fn, tensors, mask, grad):
         tensors = [t.detach().requires_grad_() for t in tensors]
-        out = backend_fn(*tensors[:3], graph, tensors[3], mask, 0.0, head_dim ** -0.5)
-        out.backward(grad.to(out.dtype))
+        with autocast_off(grad.device):
+            out = backend_fn(*tensors[:3], graph, tensors[3], mask, 0.0, head_dim ** -0.5)
+            out.backward(grad.to(out.dtype))
         return [out.detach()] + [t.grad for t in tensors]
 
     expected = outputs(reference_fn, [t.double() for t in leaves], absent, grad_out.double())
-    actual = outputs(fn, [t.to(device, dtype) for t in leaves], absent.to(device),
-                     grad_out.to(device, dtype))
-    for name, a, e in zip(("output", "d query", "d key", "d value", "d rel_key"), actual, expected):
-        if a is None or a.shape != e.shape or a.dtype != dtype:
+    inputs = [t.to(device, dtype) for t in leaves[:3]] + [leaves[3].to(device, rel_dtype)]
+    actual = outputs(fn, inputs, absent.to(device), grad_out.to(device, dtype))
+    dtypes = (dtype,) * 4 + (rel_dtype,)
+    for name, a, e, want in zip(("output", "d query", "d key", "d value", "d rel_key"), actual, expected, dtypes):
+        if a is None or a.shape != e.shape or a.dtype != want:
             raise RuntimeError(f"{name}: got {None if a is None else (a.dtype, tuple(a.shape))}")
         error = (a.double().cpu() - e).abs().max().item()
         tolerance = SELF_CHECK_TOLERANCE.get(dtype, SELF_CHECK_TOLERANCE[torch.float32])

@@ -72,7 +72,7 @@ def dense_graph_attention(query, key, value, graph, rel_key=None, key_padding_ma
     has_key = torch.isfinite(mask).any(-1, keepdim=True)  # [B, 1, N, 1]
     mask = mask.masked_fill(~has_key, 0.0)
     if rel_key is not None:
-        q_rel = query @ rel_key.transpose(0, 1)  # [B, H, N, T]
+        q_rel = query @ rel_key.to(query.dtype).transpose(0, 1)  # [B, H, N, T]
         bias = torch.gather(q_rel, -1, types.expand(bsz, heads, num_nodes, num_keys))
         mask = mask + bias * scale
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask,
@@ -93,7 +93,7 @@ def csr_attention(query, key, value, indptr, indices, edge_type, rel_key=None,
                                    output_size=indices.numel())
     scores = (query[:, :, rows] * key[:, :, indices]).sum(-1)  # [B, H, E]
     if rel_key is not None:
-        scores = scores + (query @ rel_key.transpose(0, 1))[:, :, rows, edge_type]
+        scores = scores + (query @ rel_key.to(query.dtype).transpose(0, 1))[:, :, rows, edge_type]
     scores = scores * scale
     if key_padding_mask is not None:
         scores = scores.masked_fill(key_padding_mask[:, indices].unsqueeze(1), float("-inf"))

@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from fairseq_plugins.graph_attention.precision import backward_without_autocast
+
 if TYPE_CHECKING:
     from fairseq_plugins.graphs.attention_graph import AttentionGraph, TreeLayout
 
@@ -508,6 +510,7 @@ class _TreeAttention(torch.autograd.Function):
         return result
 
     @staticmethod
+    @backward_without_autocast
     @once_differentiable
     def backward(ctx, grad_out):
         query, key, value, rel_key, out, *saved = ctx.saved_tensors
@@ -604,5 +607,7 @@ def tree_block_attention(query, key, value, graph, rel_key=None, key_padding_mas
     if scale is None:
         scale = query.size(-1) ** -0.5
     plan = _tree_plan(graph, group_tokens, query.device)
+    if rel_key is not None:
+        rel_key = rel_key.to(query.dtype)  # autograd returns its gradient in its own dtype
     return _TreeAttention.apply(query, key, value, rel_key, key_padding_mask, plan, scale,
                                 dropout_p)

@@ -26,6 +26,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from fairseq_plugins.graph_attention import triton_kernels  # ImportError without Triton
+from fairseq_plugins.graph_attention.precision import backward_without_autocast
 from fairseq_plugins.graph_attention.registry import register_backend
 from fairseq_plugins.graph_attention.tile_plan import TilePlan, merge_forward, merge_sum, plan_on
 from fairseq_plugins.graphs.attention_graph import AttentionGraph
@@ -185,6 +186,7 @@ class TritonGraphAttention(torch.autograd.Function):
         return out.view(query.shape)
 
     @staticmethod
+    @backward_without_autocast
     @once_differentiable
     def backward(ctx, grad_out):
         q, k, v, out, lse, rel_key, rel_table, pad = ctx.saved_tensors
