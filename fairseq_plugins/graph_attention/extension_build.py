@@ -14,7 +14,6 @@ import threading
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-import torch
 from torch.utils import cpp_extension
 
 
