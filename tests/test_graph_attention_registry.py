@@ -127,7 +127,7 @@ def test_a_backend_that_refuses_the_inputs_is_skipped_by_auto_and_named_when_for
 def test_prepare_runs_before_use_and_its_failure_fails_the_self_check(fake_gpu, monkeypatch):
     backend = fake_gpu("cuda", FakeBackend())
 
-    def cannot_build():
+    def cannot_build(query, graph):
         raise RuntimeError("no compiler")
     monkeypatch.setitem(registry._BACKENDS, "cuda", registry.Backend("cuda", backend, backend.refuses,
                                                                      cannot_build))

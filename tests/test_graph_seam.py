@@ -15,16 +15,16 @@ from fairseq_plugins.modules.bpt.graph_self_attention import GraphSelfAttention
 from fairseq_plugins.modules.bpt.graph_transformer_layers import GraphDecoderLayer
 
 
-def test_the_derived_cache_is_bounded_least_recently_used_first():
+def test_the_derived_cache_is_bounded_oldest_first():
     cache, builds = DerivedCache(capacity=2), []
 
     def build(value):
         return lambda: builds.append(value) or value
-    for name in ("a", "b", "a", "c", "a", "b"):
+    for name in ("a", "b", "a", "c", "b", "a"):
         cache.get(DerivedKey(name, "cpu"), build(name))
-    # a, b built; a hit; c evicts b (least recent); a hit; b rebuilt, evicting c
-    assert builds == ["a", "b", "c", "b"]
-    assert cache.keys() == (DerivedKey("a", "cpu"), DerivedKey("b", "cpu"))
+    # a, b built; a hit; c evicts a (oldest); b hit; a rebuilt, evicting b
+    assert builds == ["a", "b", "c", "a"]
+    assert cache.keys() == (DerivedKey("c", "cpu"), DerivedKey("a", "cpu"))
 
 
 def test_backends_keep_what_they_derive_only_in_the_graph_cache():

@@ -19,8 +19,10 @@ import hashlib
 import platform
 from pathlib import Path
 
+from typing import Optional, Tuple
+
 import torch
-from torch.autograd.function import once_differentiable
+from torch import Tensor
 
 from fairseq_plugins.graph_attention.extension_build import Extension
 from fairseq_plugins.graph_attention.registry import register_backend
@@ -70,38 +72,61 @@ def refuses(query: torch.Tensor, graph, dropout_p: float = 0.0):
     return None
 
 
-class CpuGraphAttention(torch.autograd.Function):
-    """Forward and recomputing backward through the extension."""
+# The kernels as torch.library ops on tensors (the graph's CSR, the dropout seed), with fake
+# implementations: torch.compile traces them without a graph break.
 
-    @staticmethod
-    def forward(ctx, query, key, value, rel_key, key_padding_mask, graph, scale, dropout_p):
-        bsz, heads, num_nodes, dim = query.shape
-        compute = query.dtype if query.dtype in DTYPES else torch.float32
-        q, k, v = (x.reshape(bsz * heads, num_nodes, dim).to(compute).contiguous()
-                   for x in (query, key, value))
-        rel = None if rel_key is None else rel_key.to(q.dtype).contiguous()
-        pad = None if key_padding_mask is None else key_padding_mask.to(torch.uint8).contiguous()
-        csr = list(graph.on("cpu", torch.int32))
-        # the dropout seed comes from torch's generator: torch.manual_seed reproduces it
-        seed = int(torch.randint(0, 2**62, ()).item()) if dropout_p > 0 else 0
-        out, lse = load_extension().forward(q, k, v, rel, pad, csr, heads, scale, dropout_p, seed)
-        ctx.save_for_backward(q, k, v, out, lse, rel_key, rel, pad)
-        ctx.csr, ctx.heads = csr, heads
-        ctx.scalars = (scale, dropout_p, seed)  # the backward's trailing kernel arguments
-        ctx.dtype = query.dtype
-        return out.view(query.shape).to(query.dtype)
+@torch.library.custom_op("fairseq_plugins::cpu_graph_attention", mutates_args=())
+def forward_op(q: Tensor, k: Tensor, v: Tensor, rel: Optional[Tensor], pad: Optional[Tensor],
+               indptr: Tensor, indices: Tensor, edge_type: Tensor, heads: int, scale: float,
+               dropout_p: float, seed: Tensor) -> Tuple[Tensor, Tensor]:
+    """q, k, v: contiguous [BH, N, D] float32/float64; rel: [T, D] of their dtype; pad: uint8
+    [B, N]; the CSR as int32; seed: int64 scalar. Returns (out [BH, N, D], lse [BH, N])."""
+    return tuple(load_extension().forward(q, k, v, rel, pad, [indptr, indices, edge_type], heads, scale,
+                                          dropout_p, int(seed)))
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_out):
-        q, k, v, out, lse, rel_key, rel, pad = ctx.saved_tensors
-        shape = grad_out.shape
-        grad_out = grad_out.reshape(q.shape).to(q.dtype).contiguous()
-        grad_q, grad_k, grad_v, grad_rel = load_extension().backward(
-            grad_out, q, k, v, out, lse, rel, pad, ctx.csr, ctx.heads, *ctx.scalars)
-        grad_rel = None if rel_key is None else grad_rel.to(rel_key.dtype)
-        grad_q, grad_k, grad_v = (g.view(shape).to(ctx.dtype) for g in (grad_q, grad_k, grad_v))
-        return grad_q, grad_k, grad_v, grad_rel, None, None, None, None
+
+@forward_op.register_fake
+def _forward_fake(q, k, v, rel, pad, indptr, indices, edge_type, heads, scale, dropout_p, seed):
+    return torch.empty_like(q), q.new_empty(q.shape[:2])
+
+
+@torch.library.custom_op("fairseq_plugins::cpu_graph_attention_backward", mutates_args=())
+def backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                rel: Optional[Tensor], pad: Optional[Tensor], indptr: Tensor, indices: Tensor,
+                edge_type: Tensor, heads: int, scale: float, dropout_p: float,
+                seed: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(d q, d k, d v, d rel: [T, D], [0, D] without rel), recomputed from ``lse``; the same
+    dropout mask as the forward's (same seed)."""
+    return tuple(load_extension().backward(grad_out, q, k, v, out, lse, rel, pad,
+                                           [indptr, indices, edge_type], heads, scale, dropout_p,
+                                           int(seed)))
+
+
+@backward_op.register_fake
+def _backward_fake(grad_out, q, k, v, out, lse, rel, pad, indptr, indices, edge_type, heads, scale,
+                   dropout_p, seed):
+    grad_rel = q.new_empty((0 if rel is None else rel.size(0), q.size(-1)))
+    return torch.empty_like(q), torch.empty_like(q), torch.empty_like(q), grad_rel
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, rel, pad, indptr, indices, edge_type, heads, scale, dropout_p, seed = inputs
+    ctx.save_for_backward(q, k, v, *output, rel, pad, indptr, indices, edge_type, seed)
+    ctx.scalars = (heads, scale, dropout_p)
+
+
+def _backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse, rel, pad, indptr, indices, edge_type, seed = ctx.saved_tensors
+    heads, scale, dropout_p = ctx.scalars
+    grad_q, grad_k, grad_v, grad_rel = backward_op(
+        grad_out.contiguous(), q, k, v, out, lse, rel, pad, indptr, indices, edge_type, heads, scale,
+        dropout_p, seed)
+    return (grad_q, grad_k, grad_v, None if rel is None else grad_rel, None, None, None, None, None, None,
+            None, None)
+
+
+torch.library.register_autograd("fairseq_plugins::cpu_graph_attention", _backward,
+                                setup_context=_setup_context)
 
 
 def cpu_graph_attention(query, key, value, graph, rel_key=None, key_padding_mask=None,
@@ -116,8 +141,23 @@ def cpu_graph_attention(query, key, value, graph, rel_key=None, key_padding_mask
         scale = query.size(-1) ** -0.5
     if graph.num_edges == 0:  # no row has a key
         return torch.zeros_like(query)
-    return CpuGraphAttention.apply(query, key, value, rel_key, key_padding_mask, graph,
-                                   float(scale), float(dropout_p))
+    bsz, heads, num_nodes, dim = query.shape
+    compute = query.dtype if query.dtype in DTYPES else torch.float32  # autograd casts back
+    q, k, v = (x.reshape(bsz * heads, num_nodes, dim).to(compute).contiguous() for x in (query, key, value))
+    rel = None if rel_key is None else rel_key.to(compute).contiguous()
+    pad = None if key_padding_mask is None else key_padding_mask.to(torch.uint8).contiguous()
+    # the dropout seed comes from torch's generator (torch.manual_seed reproduces it), as a
+    # tensor: no host read while tracing
+    seed = torch.randint(0, 2**62, (), dtype=torch.int64) if dropout_p > 0 else torch.zeros((), dtype=torch.int64)
+    out, _ = forward_op(q, k, v, rel, pad, *graph.on("cpu", torch.int32), heads, float(scale),
+                        float(dropout_p), seed)
+    return out.view(query.shape).to(query.dtype)
 
 
-register_backend("cpu", cpu_graph_attention, refuses, load_extension)
+def prepare(query: torch.Tensor, graph) -> None:
+    """Load (or build) the extension and the graph's int32 CSR."""
+    load_extension()
+    graph.on("cpu", torch.int32)
+
+
+register_backend("cpu", cpu_graph_attention, refuses, prepare)

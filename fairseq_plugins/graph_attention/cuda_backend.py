@@ -256,4 +256,10 @@ def cuda_graph_attention(query, key, value, graph, rel_key=None, key_padding_mas
                                  key_padding_mask, dropout_p, scale)
 
 
-register_backend("cuda", cuda_graph_attention, refuses, load_extension)
+def prepare(query: torch.Tensor, graph: AttentionGraph) -> None:
+    """Load (or build) the extension and the graph's work plan on the query's device."""
+    load_extension()
+    plan_on(graph, query.device)
+
+
+register_backend("cuda", cuda_graph_attention, refuses, prepare)

@@ -129,4 +129,9 @@ def refuses(query: torch.Tensor, graph: AttentionGraph, dropout_p: float = 0.0):
     return None
 
 
-register_backend("flex", flex_graph_attention, refuses)
+def prepare(query: torch.Tensor, graph: AttentionGraph) -> None:
+    """The graph's block structure on the query's device."""
+    graph_blocks(graph, query.device)
+
+
+register_backend("flex", flex_graph_attention, refuses, prepare)

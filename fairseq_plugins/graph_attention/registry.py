@@ -24,6 +24,7 @@ The first that passes is used; one that fails is named in a single warning and s
 the torch backend is the last resort.
 """
 
+import functools
 import importlib
 import warnings
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ AUTO_PREFERENCE = ("triton", "cuda")
 # faster than the torch backend at every graph size measured, from sentences of 16 tokens to
 # documents of 8192 (benchmarks/graph_attention.md)
 CPU_AUTO_PREFERENCE: Tuple[str, ...] = ("cpu",)
+SELF_CHECK_GRAPH = functools.partial(bpt_graph, 24, 2)
 # allowed max |backend - torch| relative to the reference's magnitude, per dtype
 SELF_CHECK_TOLERANCE = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 
@@ -61,7 +63,7 @@ def _accepts_everything(query, graph, dropout_p) -> Optional[str]:
     return None
 
 
-def _ready() -> None:
+def _ready(query, graph) -> None:
     return None
 
 
@@ -71,14 +73,15 @@ class Backend:
 
     ``fn(query, key, value, graph, rel_key, key_padding_mask, dropout_p, scale)``;
     ``refuses(query, graph, dropout_p)``: the reason it cannot run these inputs, or None
-    (cheap and side-effect free: it never builds anything); ``prepare()``: build or load
-    what ``fn`` needs, raising when that is impossible here (called before each use, so it
-    must be cheap once done)."""
+    (cheap and side-effect free: it never builds anything); ``prepare(query, graph)``: build
+    or load what ``fn`` needs for such a query (kernels, the graph's derived data), raising
+    when that is impossible here; called before each use, outside any ``torch.compile``
+    trace (so ``fn`` only reads what it prepared), and cheap once done."""
 
     name: str
     fn: BackendFn
     refuses: Refusal = _accepts_everything
-    prepare: Callable[[], None] = _ready
+    prepare: Callable[[torch.Tensor, AttentionGraph], None] = _ready
 
 
 _BACKENDS: Dict[str, Backend] = {}
@@ -89,7 +92,7 @@ _SELF_CHECKS: Dict[Tuple[str, str, torch.dtype, int, torch.dtype], Optional[str]
 
 
 def register_backend(name: str, fn: BackendFn, refuses: Refusal = _accepts_everything,
-                     prepare: Callable[[], None] = _ready) -> None:
+                     prepare: Callable[[torch.Tensor, AttentionGraph], None] = _ready) -> None:
     """Register ``fn`` under ``name`` (see ``Backend`` for the three callables)."""
     _BACKENDS[name] = Backend(name, fn, refuses, prepare)
 
@@ -153,15 +156,33 @@ def graph_attention(
     _check_inputs(query, key, value, graph, rel_key, key_padding_mask, dropout_p)
     if scale is None:
         scale = query.size(-1) ** -0.5
+    name = resolve_backend(backend, query.device, query.dtype, query.size(-1), graph, float(dropout_p),
+                           None if rel_key is None else rel_key.dtype)
+    with autocast_off(query.device):
+        return _BACKENDS[name].fn(query, key, value, graph, rel_key, key_padding_mask, dropout_p, scale)
+
+
+@torch.compiler.assume_constant_result
+def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype, head_dim: int,
+                    graph: AttentionGraph, dropout_p: float, rel_dtype: Optional[torch.dtype]) -> str:
+    """The name of the backend that runs queries of this device, dtype and head dim over
+    ``graph``, ready to run: "auto" resolved (self-checks included), a refusal raised,
+    ``prepare`` done. (Limits on the batch size, which may be symbolic under
+    ``torch.compile``, are the backend function's to check.)
+
+    Plain Python over the inputs' metadata, so that ``torch.compile`` evaluates it once
+    while tracing (imports, builds and self-checks are not traced) and keeps its answer as a
+    constant of the compiled graph."""
+    # what the backends look at: one sentence and head of the query's kind
+    query = torch.empty((), dtype=dtype, device=device).expand(1, 1, graph.num_nodes, head_dim)
     if backend == "auto":
-        backend = auto_backend(query, graph, dropout_p, None if rel_key is None else rel_key.dtype)
+        backend = auto_backend(query, graph, dropout_p, rel_dtype)
     entry = get_backend(backend)
     reason = entry.refuses(query, graph, dropout_p)
     if reason is not None:
         raise RuntimeError(f"graph attention backend {backend!r} cannot run these inputs: {reason}")
-    entry.prepare()
-    with autocast_off(query.device):
-        return entry.fn(query, key, value, graph, rel_key, key_padding_mask, dropout_p, scale)
+    entry.prepare(query, graph)
+    return backend
 
 
 def _check_inputs(query, key, value, graph, rel_key, key_padding_mask, dropout_p):
@@ -225,7 +246,7 @@ def passes_self_check(name: str, query: torch.Tensor, rel_dtype: Optional[torch.
     key = (name, str(query.device), query.dtype, query.size(-1), rel_dtype)
     if key not in _SELF_CHECKS:
         try:
-            _BACKENDS[name].prepare()
+            _BACKENDS[name].prepare(query, SELF_CHECK_GRAPH())
             with torch.inference_mode(False), torch.enable_grad():  # whatever the caller runs in
                 self_check(_BACKENDS[name].fn, query.device, query.dtype, query.size(-1), rel_dtype)
             _SELF_CHECKS[key] = None
@@ -244,7 +265,7 @@ def self_check(fn: BackendFn, device, dtype, head_dim: int, rel_dtype: Optional[
     default ``dtype``): output and the gradients of query, key, value and relative keys, each
     in its input's dtype. Runs ``fn`` as the op does, with autocast off."""
     rel_dtype = rel_dtype or dtype
-    graph = bpt_graph(24, 2)
+    graph = SELF_CHECK_GRAPH()
     gen = torch.Generator().manual_seed(0)
     shape = (2, 2, graph.num_nodes, head_dim)
     leaves = [torch.randn(shape, generator=gen) for _ in range(3)]

@@ -6,7 +6,9 @@ It picks, per call, the path that suits the graph:
   the full [N, N] score matrix with -inf off the graph, one fused SDPA call. O(N^2), but a few
   large kernels beat the other paths' many small ones at this size.
 * ``tree_block_attention`` (``torch_tree``): graphs laid out over a binary-partition tree
-  (``graph.tree`` is set); the path for every sentence longer than a few dozen tokens.
+  (``graph.tree`` is set); the path for every sentence longer than a few dozen tokens, in
+  eager mode (an ``autograd.Function`` over a Python plan: under ``torch.compile`` the CSR
+  path below is traced instead).
 * ``csr_attention``: any other graph; gathers one key/value per edge and does a segment softmax
   with scatter ops. Memory is linear in the number of edges (times the head dim). It is also
   the reference the other backends are tested against.
@@ -18,18 +20,27 @@ import torch
 import torch.nn.functional as F
 
 from fairseq_plugins.graph_attention.registry import register_backend
-from fairseq_plugins.graph_attention.torch_tree import tree_block_attention
+from fairseq_plugins.graph_attention.torch_tree import GROUP_TOKENS, tree_block_attention, tree_plan
 from fairseq_plugins.graphs.attention_graph import AttentionGraph
 
 DENSE_MAX_NODES = 96  # sentences up to 48 tokens: the measured CPU crossover (docs/bpt.md)
 
 
+def _path(graph: AttentionGraph) -> str:
+    if graph.num_nodes <= DENSE_MAX_NODES and graph.num_keys <= DENSE_MAX_NODES:
+        return "dense"
+    if graph.tree is not None and not torch.compiler.is_compiling():  # square by construction
+        return "tree"
+    return "csr"
+
+
 def torch_graph_attention(query, key, value, graph, rel_key, key_padding_mask, dropout_p, scale):
     """The ``"torch"`` backend: the exact path that suits the graph's size and layout."""
-    if graph.num_nodes <= DENSE_MAX_NODES and graph.num_keys <= DENSE_MAX_NODES:
+    path = _path(graph)
+    if path == "dense":
         return dense_graph_attention(query, key, value, graph, rel_key, key_padding_mask,
                                      dropout_p, scale)
-    if graph.tree is not None:  # square by construction
+    if path == "tree":
         return tree_block_attention(query, key, value, graph, rel_key, key_padding_mask,
                                     dropout_p, scale)
     indptr, indices, edge_type = graph.on(query.device)
@@ -37,7 +48,16 @@ def torch_graph_attention(query, key, value, graph, rel_key, key_padding_mask, d
                          key_padding_mask, dropout_p, scale)
 
 
-register_backend("torch", torch_graph_attention)
+def prepare(query: torch.Tensor, graph: AttentionGraph) -> None:
+    """The graph's data every path may read on the query's device (see ``Backend.prepare``)."""
+    graph.on(query.device)
+    if _path(graph) == "dense":
+        _dense_layout(graph, query.device, query.dtype)
+    elif graph.tree is not None:
+        tree_plan(graph, GROUP_TOKENS, query.device)
+
+
+register_backend("torch", torch_graph_attention, prepare=prepare)
 
 
 def _dense_layout(graph: AttentionGraph, device, dtype) -> Tuple[torch.Tensor, torch.Tensor]:

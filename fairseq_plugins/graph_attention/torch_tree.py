@@ -4,7 +4,7 @@
 any ``AttentionGraph`` whose ``tree`` layout is set; the tree's shape (BPT, SegTree) only decides
 how little of the work is wasted. How: queries are grouped so that the keys a group reads at each
 level form one short band of that level; the bands of all levels side by side are the group's
-score columns, so each product is one batched GEMM (see ``_tree_plan`` and ``_TreeAttention``).
+score columns, so each product is one batched GEMM (see ``tree_plan`` and ``_TreeAttention``).
 """
 
 import functools
@@ -20,6 +20,9 @@ from fairseq_plugins.graph_attention.precision import backward_without_autocast
 
 if TYPE_CHECKING:
     from fairseq_plugins.graphs.attention_graph import AttentionGraph, TreeLayout
+
+
+GROUP_TOKENS = 32  # tokens per query group: the fastest measured on CPU
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,7 @@ def _query_sets(tree: "TreeLayout", group_tokens: int):
     return sets
 
 
-def _tree_plan(graph: "AttentionGraph", group_tokens: int, device) -> Tuple[_QuerySet, ...]:
+def tree_plan(graph: "AttentionGraph", group_tokens: int, device) -> Tuple[_QuerySet, ...]:
     """Place every edge in a score column of its query set (cached per graph and device).
 
     The rows of a set are cut into groups covering ``group_tokens`` tokens (or one unit of
@@ -599,14 +602,14 @@ class _TreeAttention(torch.autograd.Function):
 
 
 def tree_block_attention(query, key, value, graph, rel_key=None, key_padding_mask=None,
-                         dropout_p=0.0, scale=None, group_tokens: int = 32) -> torch.Tensor:
+                         dropout_p=0.0, scale=None, group_tokens: int = GROUP_TOKENS) -> torch.Tensor:
     """Fast exact path for graphs laid out as a tree (``graph.tree``; see the module docstring).
 
-    group_tokens: tokens covered by one query group (see ``_tree_plan``); the default is the
+    group_tokens: tokens covered by one query group (see ``tree_plan``); the default is the
     fastest measured on CPU."""
     if scale is None:
         scale = query.size(-1) ** -0.5
-    plan = _tree_plan(graph, group_tokens, query.device)
+    plan = tree_plan(graph, group_tokens, query.device)
     if rel_key is not None:
         rel_key = rel_key.to(query.dtype)  # autograd returns its gradient in its own dtype
     return _TreeAttention.apply(query, key, value, rel_key, key_padding_mask, plan, scale,

@@ -246,4 +246,10 @@ def triton_graph_attention(query, key, value, graph, rel_key=None, key_padding_m
                                       float(scale), float(dropout_p))
 
 
-register_backend("triton", triton_graph_attention, refuses)
+def prepare(query: torch.Tensor, graph: AttentionGraph) -> None:
+    """The graph's tile plan for this dtype and head dim, on the query's device."""
+    if graph.num_edges:  # (an edgeless graph needs none: its output is zeros)
+        plan_on(graph, *tiles(query.dtype, query.size(-1)), query.device)
+
+
+register_backend("triton", triton_graph_attention, refuses, prepare)

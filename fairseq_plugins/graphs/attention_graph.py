@@ -7,24 +7,23 @@ make these, the graph attention backends consume them.
 
 What a backend derives from a graph (the CSR on a device, a tile plan, a block mask) is built
 once per graph and kept beside it in a ``DerivedCache``, through ``AttentionGraph.derived``:
-one bounded cache with typed keys, never a backend's own attribute on the graph.
+one bounded cache with typed keys, never a backend's own attribute on the graph. Backends
+build their entries before a call runs (``registry.Backend.prepare``), so that a
+``torch.compile`` trace only reads them.
 """
 
-import collections
-import threading
 from dataclasses import dataclass, field
-from typing import Callable, Hashable, Optional, Tuple, TypeVar
+from typing import Callable, Dict, Hashable, NamedTuple, Optional, Tuple, TypeVar
 
 import torch
 
 T = TypeVar("T")
-# derived entries kept per graph: a few devices x dtypes x backends; the least recently used
-# one is dropped first (the graphs themselves are cached by their builders)
+# derived entries kept per graph: a few devices x dtypes x backends; the oldest one is
+# dropped first (the graphs themselves are cached by their builders)
 DERIVED_PER_GRAPH = 32
 
 
-@dataclass(frozen=True)
-class DerivedKey:
+class DerivedKey(NamedTuple):
     """What was derived from a graph: ``kind`` names the data (and the module building it),
     ``device`` where its tensors live, ``params`` the rest of what it depends on."""
 
@@ -34,28 +33,24 @@ class DerivedKey:
 
 
 class DerivedCache:
-    """Data derived from one graph, built on first use, at most ``capacity`` entries (least
-    recently used dropped first); thread-safe."""
+    """Data derived from one graph, built on first use, at most ``capacity`` entries (the
+    oldest dropped first). A lookup is one dict read (which a compiled graph can trace);
+    two threads missing the same entry at once both build it, and keep one."""
 
     def __init__(self, capacity: int = DERIVED_PER_GRAPH):
         self.capacity = capacity
-        self._entries: "collections.OrderedDict[DerivedKey, object]" = collections.OrderedDict()
-        self._lock = threading.RLock()  # a builder may derive other data of the same graph
+        self._entries: Dict[DerivedKey, object] = {}  # in insertion order
 
     def get(self, key: DerivedKey, build: Callable[[], T]) -> T:
-        with self._lock:
-            if key in self._entries:
-                self._entries.move_to_end(key)
-                return self._entries[key]
-            value = build()
-            self._entries[key] = value
+        value = self._entries.get(key)
+        if value is None:
+            value = self._entries.setdefault(key, build())
             while len(self._entries) > self.capacity:
-                self._entries.popitem(last=False)
-            return value
+                self._entries.pop(next(iter(self._entries)))
+        return value
 
     def keys(self) -> Tuple[DerivedKey, ...]:
-        with self._lock:
-            return tuple(self._entries)
+        return tuple(self._entries)
 
 
 @dataclass(frozen=True)
@@ -135,8 +130,9 @@ class AttentionGraph:
         return self.num_keys == self.num_nodes
 
     def derived(self, kind: str, device, build: Callable[[], T], *params: Hashable) -> T:
-        """``build()``, once per (kind, device, params) while this graph lives (bounded:
-        ``DERIVED_PER_GRAPH`` entries). The one place backends keep what they derive from it."""
+        """``build()`` (not None), once per (kind, device, params) while this graph lives
+        (bounded: ``DERIVED_PER_GRAPH`` entries). The one place backends keep what they
+        derive from it."""
         return self._derived.get(DerivedKey(kind, str(device), params), build)
 
     def rows(self) -> torch.Tensor:
