@@ -11,8 +11,9 @@ is proportional to the edges, so time and memory grow like n log n at any k. Any
 
 float32 and float64 (the tests compare float64 with the reference to ~1e-12); float16 and
 bfloat16 inputs (autocast) are computed in float32 and returned in their own dtype. The
-extension is built on first use or by ``scripts/build_cpu_ext.py`` into the per-user cache (``extension_build``); under "auto" a
-failed build fails the self-check (one warning) and leaves the torch backend in use.
+extension is built on first use or by ``scripts/build_cpu_ext.py`` into the per-user cache
+(``extension_build``); under "auto" a failed build fails the self-check (one warning) and
+leaves the torch backend in use.
 """
 
 import hashlib

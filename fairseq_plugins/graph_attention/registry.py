@@ -50,7 +50,12 @@ AUTO_PREFERENCE = ("triton", "cuda")
 # faster than the torch backend at every graph size measured, from sentences of 16 tokens to
 # documents of 8192 (benchmarks/graph_attention.md)
 CPU_AUTO_PREFERENCE: Tuple[str, ...] = ("cpu",)
-SELF_CHECK_GRAPH = functools.partial(bpt_graph, 24, 2)
+# the self-check's graph: long enough that every fast backend splits work as it does in
+# training (the root span's row reads every token: more key tiles than one Triton program
+# walks, 16 x 32 at fp16, and more edges than one CUDA warp's piece, 256), k = 1 to stay small
+SELF_CHECK_TOKENS = 520
+SELF_CHECK_GRAPH = functools.partial(bpt_graph, SELF_CHECK_TOKENS, 1)
+SELF_CHECK_DROPOUT = 0.25
 # allowed max |backend - torch| relative to the reference's magnitude, per dtype
 SELF_CHECK_TOLERANCE = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 
@@ -260,35 +265,100 @@ def passes_self_check(name: str, query: torch.Tensor, rel_dtype: Optional[torch.
 
 
 def self_check(fn: BackendFn, device, dtype, head_dim: int, rel_dtype: Optional[torch.dtype] = None) -> None:
-    """Raise unless ``fn`` matches the torch backend (float64, CPU) on a BPT graph of 24 tokens
-    (k = 2, 2 sentences, one padded to 11 tokens, 2 heads, relative keys of ``rel_dtype``,
-    default ``dtype``): output and the gradients of query, key, value and relative keys, each
-    in its input's dtype. Runs ``fn`` as the op does, with autocast off."""
+    """Raise unless ``fn`` computes what training runs, on ``SELF_CHECK_GRAPH`` (a BPT graph
+    long enough that every fast backend splits work: see ``SELF_CHECK_TOKENS``), two
+    sentences, one padded, 2 heads, relative keys of ``rel_dtype`` (default ``dtype``), each
+    result in its input's dtype, ``fn`` run as the op runs it (autocast off):
+
+    * without dropout: output and the gradients of query, key, value and relative keys
+      match the torch backend in float64;
+    * with dropout ``SELF_CHECK_DROPOUT``: a seed (``torch.manual_seed``) gives the same
+      output again; the backward applies the forward's mask (<out, dO> = <V, dV>, since
+      the output is linear in V for a fixed mask); the kept probability mass per row is
+      about 1 (the rate and the 1 / (1 - p) scaling); and for float32/float64 the
+      gradients of query, key and relative keys match a central difference of the output
+      under the same seed.
+
+    Draws from torch's generators without changing their state for the caller."""
     rel_dtype = rel_dtype or dtype
+    device = torch.device(device)
     graph = SELF_CHECK_GRAPH()
     gen = torch.Generator().manual_seed(0)
     shape = (2, 2, graph.num_nodes, head_dim)
     leaves = [torch.randn(shape, generator=gen) for _ in range(3)]
     leaves.append(0.5 * torch.randn(graph.num_edge_types, head_dim, generator=gen))
     grad_out = torch.randn(shape, generator=gen)
-    absent = ~node_present(torch.tensor([24, 11]), 24)
+    absent = ~node_present(torch.tensor([SELF_CHECK_TOKENS, SELF_CHECK_TOKENS // 2 + 3]), SELF_CHECK_TOKENS)
     reference_fn = _BACKENDS["torch"].fn
+    dtypes = (dtype,) * 3 + (rel_dtype,)
 
-    def outputs(backend_fn, tensors, mask, grad):
-        tensors = [t.detach().requires_grad_() for t in tensors]
-        with autocast_off(grad.device):
-            out = backend_fn(*tensors[:3], graph, tensors[3], mask, 0.0, head_dim ** -0.5)
-            out.backward(grad.to(out.dtype))
-        return [out.detach()] + [t.grad for t in tensors]
+    def run(backend_fn, tensors, grad, dropout_p=0.0, seed=0):
+        """(output, gradients of the four inputs or None without ``grad``) under ``seed``."""
+        tensors = [t.detach().requires_grad_(grad is not None) for t in tensors]
+        torch.manual_seed(seed)
+        with autocast_off(device):
+            out = backend_fn(*tensors[:3], graph, tensors[3], mask, dropout_p, head_dim ** -0.5)
+            if grad is not None:
+                out.backward(grad.to(out.dtype))
+        return out.detach(), [t.grad for t in tensors]
 
-    expected = outputs(reference_fn, [t.double() for t in leaves], absent, grad_out.double())
-    inputs = [t.to(device, dtype) for t in leaves[:3]] + [leaves[3].to(device, rel_dtype)]
-    actual = outputs(fn, inputs, absent.to(device), grad_out.to(device, dtype))
-    dtypes = (dtype,) * 4 + (rel_dtype,)
-    for name, a, e, want in zip(("output", "d query", "d key", "d value", "d rel_key"), actual, expected, dtypes):
-        if a is None or a.shape != e.shape or a.dtype != want:
-            raise RuntimeError(f"{name}: got {None if a is None else (a.dtype, tuple(a.shape))}")
-        error = (a.double().cpu() - e).abs().max().item()
-        tolerance = SELF_CHECK_TOLERANCE.get(dtype, SELF_CHECK_TOLERANCE[torch.float32])
-        if not error <= tolerance * max(1.0, e.abs().max().item()):
+    def check(name, actual, expected, want_dtype, tolerance):
+        if actual is None or actual.shape != expected.shape or actual.dtype != want_dtype:
+            raise RuntimeError(f"{name}: got {None if actual is None else (actual.dtype, tuple(actual.shape))}")
+        error = (actual.double().cpu() - expected).abs().max().item()
+        if not error <= tolerance * max(1.0, expected.abs().max().item()):
             raise RuntimeError(f"{name} differs from the torch backend by {error:.3g}")
+
+    tolerance = SELF_CHECK_TOLERANCE.get(dtype, SELF_CHECK_TOLERANCE[torch.float32])
+    mask = absent
+    expected = run(reference_fn, [t.double() for t in leaves], grad_out.double())
+    mask = absent.to(device)
+    inputs = [t.to(device, want) for t, want in zip(leaves, dtypes)]
+    grad = grad_out.to(device, dtype)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        out, grads = run(fn, inputs, grad)
+        check("output", out, expected[0], dtype, tolerance)
+        for name, a, e, want in zip(("d query", "d key", "d value", "d rel_key"), grads, expected[1], dtypes):
+            check(name, a, e, want, tolerance)
+        _check_dropout(run, fn, inputs, grad, dtype, tolerance, mask)
+
+
+def _check_dropout(run, fn, inputs, grad, dtype, tolerance, mask) -> None:
+    """The dropout part of ``self_check`` (see there)."""
+    p = SELF_CHECK_DROPOUT
+    out, grads = run(fn, inputs, grad, p, seed=1)
+    again, _ = run(fn, inputs, None, p, seed=1)
+    if not torch.equal(out, again):
+        raise RuntimeError("dropout: the same seed gave a different output")
+    # <out, dO> = <V, dV>: the backward's mask is the forward's
+    products = ((out.double() * grad.double()).sum().item(), (inputs[2].double() * grads[2].double()).sum().item())
+    size = (out.double() * grad.double()).abs().sum().item()
+    if not abs(products[0] - products[1]) <= tolerance * max(size, 1.0):
+        raise RuntimeError(f"dropout: the backward's mask is not the forward's (<out, dO> = {products[0]:.6g}, "
+                           f"<V, dV> = {products[1]:.6g})")
+    # all-ones values: each row's kept probability mass, 1 on average (0 for rows without keys)
+    ones = [inputs[0], inputs[1], torch.ones_like(inputs[2]), inputs[3]]
+    kept = run(fn, ones, None, p, seed=2)[0][..., 0].double()
+    has_key = run(fn, ones, None)[0][..., 0].double() > 0.5
+    mean = kept[has_key].mean().item()
+    if not abs(mean - 1.0) <= 0.05:
+        raise RuntimeError(f"dropout: the kept probability mass per row averages {mean:.3g}, not 1")
+    if dtype not in (torch.float32, torch.float64):
+        return
+    # d query, d key, d rel_key under dropout: a central difference along a random direction
+    gen = torch.Generator().manual_seed(3)
+    direction = [torch.randn(t.shape, generator=gen).to(t) for t in inputs]
+    direction[2] = torch.zeros_like(inputs[2])  # value's gradient is checked above
+    step = 1e-3
+
+    def loss(sign):
+        moved = [t + sign * step * d for t, d in zip(inputs, direction)]
+        return (run(fn, moved, None, p, seed=1)[0].double() * grad.double()).sum().item()
+
+    numeric = (loss(1) - loss(-1)) / (2 * step)
+    terms = [(g.double() * d.double()) for g, d in zip(grads, direction)]
+    analytic = sum(t.sum().item() for t in terms)
+    size = sum(t.abs().sum().item() for t in terms)
+    if not abs(numeric - analytic) <= 1e-2 * max(size, 1.0):
+        raise RuntimeError(f"dropout: gradients of query/key/rel_key ({analytic:.6g} along a direction) differ "
+                           f"from the output's central difference ({numeric:.6g})")

@@ -18,6 +18,7 @@ which needs smaller tiles than fp16/bf16. On CPU the kernels
 run under ``TRITON_INTERPRET=1`` (the tests).
 """
 
+import contextlib
 import os
 from dataclasses import dataclass
 from typing import Dict, Tuple
@@ -127,13 +128,20 @@ def kernel_constants(kernel: str, dtype: torch.dtype, head_dim: int, config: Lau
                 DROPOUT=dropout, UPCAST=upcast)
 
 
+def device_guard(tensor: torch.Tensor):
+    """The tensor's CUDA device made current for a launch: Triton launches on the current
+    device, which need not be the tensors' (inputs on cuda:1 in a process on cuda:0)."""
+    return torch.cuda.device(tensor.device) if tensor.is_cuda else contextlib.nullcontext()
+
+
 def _launch(name, grid, dtype, head_dim, dropout, *args):
     config = CONFIGS[(name, dtype, head_dim)]
     # the interpreter's bf16 tl.dot is wrong (Triton issue 11584): compute those in fp32
     upcast = interpreted() and dtype == torch.bfloat16
     constants = kernel_constants(name, dtype, head_dim, config, dropout, upcast)
-    KERNELS[name][grid](*args, **constants, num_warps=config.num_warps,
-                        num_stages=config.num_stages)
+    with device_guard(args[0]):
+        KERNELS[name][grid](*args, **constants, num_warps=config.num_warps,
+                            num_stages=config.num_stages)
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
