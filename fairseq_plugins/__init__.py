@@ -7,4 +7,4 @@ This file must not import fairseq: ``python -m fairseq_plugins.fairseq_fixes`` r
 before fairseq is importable.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -498,7 +498,7 @@ def require_fixed() -> None:
     if missing:
         raise FairseqFixError(
             f"the installed fairseq {installed_fairseq_version()} lacks fixes {missing}: run "
-            "scripts/setup.sh, which installs fairseq 0.12.2 built with them "
+            "fairseq-plugins-install-fairseq (or scripts/setup.sh in a checkout), which installs fairseq 0.12.2 built with them "
             f"({local_version()}); a reinstall of fairseq from PyPI undoes them"
         )
 

@@ -1,4 +1,3 @@
-"""Reproduction scripts: data preparation, training from configs, evaluation, tables, demo.
-
-Run them as modules from the repository root, e.g. ``python -m scripts.prepare_data``.
-"""
+"""Benchmarks, studies and set-up helpers of a checkout; run them from the repository root,
+e.g. ``python -m scripts.benchmark_models``. The commands users run are console commands of
+the installed package (``fairseq_plugins.recipes``)."""

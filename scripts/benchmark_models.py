@@ -68,7 +68,7 @@ def op_seconds(model, optimizer, batch, pad) -> Counter:
 
 def run_size(size: str, args) -> dict:
     dims, max_tokens = SIZES[size]
-    dicts, batch = build_batch(args.max_tokens or max_tokens)
+    dicts, batch = build_batch(args.max_tokens or max_tokens, args.raw_dir)
     pad = dicts["de"].pad()
     models = {name: build_model(arch, opts, dims, dicts) for name, (arch, opts) in MODELS.items()
               if name in args.models}
@@ -136,6 +136,7 @@ def main(argv=None):
     p.add_argument("--profile-split", action="store_true", help="print each model's time by part of the model")
     p.add_argument("--split-rounds", type=int, default=3, help="profiled updates per model for --profile-split")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "models")
+    p.add_argument("--raw-dir", type=Path, help="local Multi30K raw files (default: download once into the cache)")
     args = p.parse_args(argv)
     if "transformer" not in args.models:
         p.error("the transformer is the baseline: keep it in --models")

@@ -133,7 +133,7 @@ def write_outputs(args, device, rows):
     setup = (f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, batch {args.batch}, "
              f"{args.heads} heads x {args.head_dim}, fp32, forward + backward, median of {args.repeats}")  # fmt: skip
     cuda = device.type == "cuda"
-    lines = [f"# Multi-scale window attention vs dense attention\n", f"{setup}.\n",
+    lines = ["# Multi-scale window attention vs dense attention\n", f"{setup}.\n",
              "Memory: activations saved for backward" + (" / peak CUDA allocation" if cuda else "") + ".\n",
              "| n | variant | time (s) | time / dense | saved MiB | memory / dense |" + (" peak CUDA MiB |" if cuda else ""),
              "|---|---|---|---|---|---|" + ("---|" if cuda else "")]  # fmt: skip

@@ -12,18 +12,20 @@ Prints ratios against the ``transformer`` measured in the same run (the paper: a
 """
 
 import argparse
-import gzip
 import json
 import re
 import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Dict, List, Optional
 
 import torch
 
+from fairseq_plugins.recipes.data import multi30k
+from fairseq_plugins.recipes.data.common import locate, read_plain
+
 REPO = Path(__file__).resolve().parents[1]
-MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
 TOKEN = re.compile(r"\w+|[^\w\s]")
 
 SIZES = {
@@ -37,19 +39,20 @@ MODELS = {
 }
 
 
-def read_lines(lang: str, n: int):
-    path = MULTI30K / f"train.{lang}.gz"
-    if not path.exists():
-        raise FileNotFoundError(f"{path} is missing: the benchmark reads ../shared/data/multi30k")
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return [" ".join(TOKEN.findall(line)) for _, line in zip(range(n), f)]
+def read_training_text(raw_dir: Optional[Path]) -> Dict[str, List[str]]:
+    """Multi30K's training text per language, word-tokenized (``raw_dir``: a local copy, else
+    downloaded once into the cache, as the demo does)."""
+    files = locate(multi30k.FILES, raw_dir)
+    return {lang: [" ".join(TOKEN.findall(line)) for line in read_plain(files[f"train.{lang}"])]
+            for lang in ("en", "de")}
 
 
-def build_batch(max_tokens: int):
+def build_batch(max_tokens: int, raw_dir: Optional[Path] = None):
     """Dictionaries and one left-padded batch of about ``max_tokens`` source tokens."""
     from fairseq.data import Dictionary, data_utils
 
-    en, de = read_lines("en", 29000), read_lines("de", 29000)
+    text = read_training_text(raw_dir)
+    en, de = text["en"], text["de"]
     dicts = {}
     for lang, lines in (("en", en), ("de", de)):
         d = Dictionary()
@@ -118,10 +121,11 @@ def main(argv=None):
     p.add_argument("--updates", type=int, default=5, help="timed updates per model (after one warm-up)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "slowfast.json")
+    p.add_argument("--raw-dir", type=Path, help="local Multi30K raw files (default: download once into the cache)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    dicts, batch = build_batch(args.max_tokens)
+    dicts, batch = build_batch(args.max_tokens, args.raw_dir)
     sentences = batch["src_tokens"].size(0)
     pad = dicts["de"].pad()
     models = {name: build_model(arch, opts, SIZES[args.size], dicts) for name, (arch, opts) in MODELS.items()}

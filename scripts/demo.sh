@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The demo in one command; see scripts/demo.py for options (e.g. --minutes 60 --gpu).
+# The demo in one command, set-up included; options: fairseq-plugins-demo --help (e.g. --minutes 60 --gpu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec python -m scripts.demo "$@"
+exec "${PYTHON:-python3}" -m fairseq_plugins.recipes.demo "$@"

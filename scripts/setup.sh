@@ -5,9 +5,11 @@
 #
 # - torch: an installed torch (e.g. a CUDA build) is kept as it is; only when none is
 #   importable is torch==$TORCH_VERSION installed (2.13.0 by default, from PyPI).
-# - the dependencies of pyproject.toml and of its extras $EXTRAS ("test tensorboard triton").
+# - the dependencies of pyproject.toml and of its extras $EXTRAS ("test lint tensorboard").
+# - triton: the one the installed torch pins (CUDA builds), else $TRITON_VERSION (3.7.1, the pin of
+#   torch 2.13's CUDA wheels), so that CPU tests check the Triton that GPU users run.
 # - fairseq 0.12.2 built from its sdist with the fixes of fairseq_plugins/fairseq_fixes.py
-#   (scripts/build_fairseq_wheel.py; built once per machine, then cached), installed by pip.
+#   (fairseq_plugins/fairseq_build.py; built once per machine, then cached), installed by pip.
 # - this plugin (editable), and the CUDA kernels when nvcc and a CUDA build of torch are present.
 # Nothing installed is ever edited in place; a read-only environment is refused before any change.
 # A second run finds everything in place and changes nothing.
@@ -15,7 +17,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
-EXTRAS=${EXTRAS:-test tensorboard triton}
+EXTRAS=${EXTRAS:-test lint tensorboard}
+TRITON_VERSION=${TRITON_VERSION:-3.7.1}  # the triton that torch 2.13's CUDA wheels pin; "none": no triton
 pip_install() { "$PYTHON" -m pip install --disable-pip-version-check --root-user-action=ignore -q "$@"; }
 say() { echo "[setup] $*"; }
 require_writable() {  # called before each install: a shared or read-only environment is left alone
@@ -52,17 +55,30 @@ else
     say "dependencies already satisfied"
 fi
 
+# Triton (the "triton" backend; on CPU its tests run the interpreter and compile for sm_80/sm_90a):
+# a triton pinned by the installed torch is never replaced; with a CPU torch, TRITON_VERSION.
+if [ "$TRITON_VERSION" != none ]; then
+    triton=$("$PYTHON" scripts/project_dependencies.py --triton "$TRITON_VERSION")
+    if [ -n "$triton" ]; then
+        require_writable
+        say "installing $triton"
+        pip_install "$triton" || say "could not install $triton: the triton backend and its tests are skipped"
+    else
+        say "triton $("$PYTHON" -c 'import importlib.metadata as m; print(m.version("triton"))') kept as installed"
+    fi
+fi
+
 FAIRSEQ_VERSION=$("$PYTHON" -m fairseq_plugins.fairseq_fixes version)
 if [ "$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("fairseq"))' 2>/dev/null)" != "$FAIRSEQ_VERSION" ]; then
     require_writable
-    wheel=$("$PYTHON" scripts/build_fairseq_wheel.py)
+    wheel=$("$PYTHON" -m fairseq_plugins.fairseq_build)
     say "installing fairseq $FAIRSEQ_VERSION ($wheel)"
     pip_install "$wheel"
 else
     say "fairseq $FAIRSEQ_VERSION already installed"
 fi
 
-if [ "$("$PYTHON" scripts/project_dependencies.py --plugin-location 2>/dev/null)" != "$PWD/fairseq_plugins" ]; then
+if ! "$PYTHON" scripts/project_dependencies.py --plugin-current "$PWD/fairseq_plugins" 2>/dev/null; then
     require_writable
     say "installing this plugin in editable mode"
     pip_install -e .

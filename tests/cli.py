@@ -17,7 +17,7 @@ from typing import Dict, Iterable, List, Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 USER_DIR = REPO / "fairseq_plugins"
-MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
+MULTI30K = REPO / "tests" / "fixtures" / "multi30k"  # the first lines of each split (fixtures/README.md)
 
 # Small enough to train a few dozen updates in seconds on one CPU core. Every model of the
 # project subclasses fairseq's transformer and accepts these; later arguments win in argparse,
@@ -40,7 +40,7 @@ def tokenize(line: str) -> str:
 def _read_multi30k(split: str, lang: str, n: int, max_len: int) -> List[str]:
     path = MULTI30K / f"{split}.{lang}.gz"
     if not path.exists():
-        raise FileNotFoundError(f"{path} is missing: tests need ../shared/data/multi30k beside the checkout")
+        raise FileNotFoundError(f"{path} is missing: the checkout is incomplete")
     with gzip.open(path, "rt", encoding="utf-8") as f:
         return [tokenize(line) for _, line in zip(range(n * 3), f)]
 
@@ -70,7 +70,7 @@ def run_cli(name: str, *args, timeout: float = 600, input: Optional[str] = None,
 
 
 def write_raw_corpus(raw_dir: Path, n_train: int = 200, n_eval: int = 40, max_len: int = 20) -> Path:
-    """Tokenized En-De text from multi30k: train/valid/test.{en,de}."""
+    """Tokenized En-De text from the Multi30K fixture: train/valid/test.{en,de}."""
     raw_dir.mkdir(parents=True, exist_ok=True)
     for split, source, n in (("train", "train", n_train), ("valid", "val", n_eval), ("test", "test_2016_flickr", n_eval)):
         pairs = _pairs(source, n, max_len)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scripts import demo
-from scripts.demo_progress import DemoProgress, clock
+from fairseq_plugins.recipes import demo
+from fairseq_plugins.recipes.demo_progress import DemoProgress, clock
 
 DEMO_YAML = Path(__file__).parents[1] / "configs" / "demo.yaml"
 

@@ -3,7 +3,6 @@
 import random
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 

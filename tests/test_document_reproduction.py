@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("fairseq")
-from scripts import evaluate, prepare_data, reproduce_table, train  # noqa: E402
+from fairseq_plugins.recipes import evaluate, prepare_data, reproduce_table, train  # noqa: E402
 
 from tests.cli import TINY_MODEL_ARGS  # noqa: E402
 

@@ -2,7 +2,6 @@
 document boundaries (tests/fixtures/doc), using the paper's baseline: the stock transformer."""
 
 import argparse
-from pathlib import Path
 
 import pytest
 import torch

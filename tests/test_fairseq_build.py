@@ -16,7 +16,7 @@ import pytest
 
 from fairseq_plugins import fairseq_fixes
 from fairseq_plugins.fairseq_fixes import APPLIED, MISSING, FairseqFixError, SourceTree
-from scripts import build_fairseq_wheel
+from fairseq_plugins import fairseq_build as build_fairseq_wheel
 from tests.cli import REPO
 
 
@@ -48,7 +48,7 @@ def test_fixes_apply_to_the_original_source_once(pristine_sdist, tmp_path):
 
 def test_build_script_prepares_the_fixed_source(tmp_path):
     """The script's tiny mode: unpack the cached sdist and fix it, without building."""
-    out = subprocess.run([sys.executable, "scripts/build_fairseq_wheel.py", "--prepare", str(tmp_path)],
+    out = subprocess.run([sys.executable, "-m", "fairseq_plugins.fairseq_build", "--prepare", str(tmp_path)],
                          cwd=REPO, capture_output=True, text=True, check=True).stdout
     tree = SourceTree(out.strip())
     assert set(fairseq_fixes.check(tree).values()) == {APPLIED}

@@ -179,3 +179,19 @@ def test_auto_checks_a_backend_with_float32_relative_keys_under_autocast(monkeyp
     with torch.autocast("cpu", dtype=torch.bfloat16), pytest.warns(RuntimeWarning, match="d rel_key differs"):
         graph_attention(q, q, q, graph, torch.randn(graph.num_edge_types, 16))
     assert (("triton", "cpu", torch.bfloat16, 16, torch.float32) in registry._SELF_CHECKS)
+
+
+def test_cuda_kernels_glue_under_cpu_autocast(monkeypatch):
+    """The CUDA backend's glue around its kernels, run by the host emulation on the CPU."""
+    from fairseq_plugins.graph_attention import cuda_backend
+    from tests.cuda_ext_emulation import load_emulation
+    try:
+        emulation = load_emulation()
+    except Exception as error:
+        pytest.skip(f"the host emulation does not build here: {error}")
+
+    def emulated(query, key, value, graph, rel_key, mask, dropout_p, scale):
+        return cuda_backend.fused_graph_attention(emulation, query, key, value, graph, rel_key, mask, dropout_p,
+                                                  scale, split_edges=4)
+    monkeypatch.setitem(registry._BACKENDS, "cuda_emulation", registry.Backend("cuda_emulation", emulated))
+    check_under_autocast("cuda_emulation", bpt_graph(20, 2), [20, 9], torch.bfloat16)

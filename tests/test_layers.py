@@ -13,13 +13,16 @@ from typing import Dict, Set
 PACKAGE = Path(__file__).resolve().parents[1] / "fairseq_plugins"
 LAYERS = [
     "__init__",  # the package itself: imports nothing of its own
+    "resources",  # where the package's files and caches are
     "fairseq_fixes",  # repairs the installed fairseq; imports nothing of the package
+    "fairseq_build",  # builds and installs fairseq with those fixes
     "graphs",  # graph types and builders, pure torch
     "graph_attention",  # the op, its registry and one module per backend
     "data",  # datasets
     "modules",  # one subpackage per model family, over ``modules.common``
     "models",  # fairseq registration
     "tasks",  # fairseq tasks
+    "recipes",  # commands that reproduce the papers: data, configs, training, evaluation, demo
     "check_gpu",  # a command (python -m fairseq_plugins.check_gpu): runs the GPU checks
 ]
 SHARED_FAMILY = "common"

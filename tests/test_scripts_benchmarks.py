@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli import MULTI30K
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -59,7 +61,8 @@ def test_benchmark_multiscale_attention_tiny(tmp_path):
 @pytest.mark.slow
 def test_benchmark_slowfast_tiny(tmp_path):
     out = tmp_path / "slowfast.json"
-    run_script("benchmark_slowfast", "--size", "tiny", "--max-tokens", "128", "--updates", "1", "--out", out)
+    run_script("benchmark_slowfast", "--size", "tiny", "--max-tokens", "128", "--updates", "1", "--out", out,
+               "--raw-dir", MULTI30K)
     results = json.loads(out.read_text())["results"]
     assert set(results) == {"transformer", "slow-only", "transformer_slowfast"}
     assert results["transformer"]["time_ratio"] == 1.0
@@ -76,7 +79,7 @@ def test_triton_work_model_tiny(tmp_path):
 @pytest.mark.slow
 def test_benchmark_models_tiny(tmp_path):
     out = tmp_path / "models"
-    proc = run_script("benchmark_models", "--sizes", "tiny", "--models", "transformer", "bpt", "--updates", "1",
+    proc = run_script("benchmark_models", "--raw-dir", MULTI30K, "--sizes", "tiny", "--models", "transformer", "bpt", "--updates", "1",
                       "--threads", "1", "--profile-split", "--split-rounds", "1", "--out", out)  # fmt: skip
     results = json.loads(out.with_suffix(".json").read_text())["runs"]["tiny"]["results"]
     assert set(results) == {"transformer", "bpt"} and results["transformer"]["time_ratio"] == 1.0

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scripts import config as config_mod
-from scripts.config import ConfigError, all_configs, generate_flags, load_config, load_tables, train_flags
-from scripts.results_table import render, table_configs
+from fairseq_plugins.recipes import config as config_mod
+from fairseq_plugins.recipes.config import ConfigError, all_configs, generate_flags, load_config, load_tables, train_flags
+from fairseq_plugins.recipes.results_table import render, table_configs
 
 CONFIGS = all_configs()
 

@@ -1,14 +1,15 @@
 """Data preparation on raw-format fixtures (no network): readers, recipes, binarization."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from scripts import prepare_data
-from scripts.data.common import (TextProcessor, keep_clean, locate, read_mteval, read_ted_tags,
+from fairseq_plugins.recipes import prepare_data
+from fairseq_plugins.recipes.data.common import (TextProcessor, keep_clean, locate, read_mteval, read_ted_tags,
                                  Archive)
 
 from tests.sacrebleu_fixture import FIXTURE as SACREBLEU_FIXTURE, sacrebleu_env
@@ -86,10 +87,11 @@ def test_locate_unpacks_an_archive_found_in_raw_dir(tmp_path):
 
 
 def _prepare_in_process_of_its_own(tmp_path, *args):
-    """scripts.prepare_data as a user runs it, with the fixture sacrebleu cache (SACREBLEU)."""
+    """The console command as a user runs it, away from the checkout, with the fixture sacrebleu
+    cache (SACREBLEU)."""
     out = tmp_path / "out"
-    subprocess.run([sys.executable, "-m", "scripts.prepare_data", *args, "--out", str(out)],
-                   check=True, cwd=REPO, env=sacrebleu_env(tmp_path), capture_output=True)
+    subprocess.run([shutil.which("fairseq-plugins-prepare-data"), *args, "--out", str(out)],
+                   check=True, cwd=tmp_path, env=sacrebleu_env(tmp_path), capture_output=True)
     return out, json.loads((out / "prep.json").read_text())
 
 
@@ -139,7 +141,7 @@ def test_chinese_source_is_segmented_before_bpe(tmp_path, corpus, expected):
 def test_missing_sacrebleu_test_set_names_what_to_do(tmp_path):
     env = {**sacrebleu_env(tmp_path), "SACREBLEU": str(tmp_path / "empty"), "http_proxy": "http://127.0.0.1:9",
            "https_proxy": "http://127.0.0.1:9"}
-    proc = subprocess.run([sys.executable, "-c", "from scripts.data.sacrebleu_sets import sacrebleu_split; "
+    proc = subprocess.run([sys.executable, "-c", "from fairseq_plugins.recipes.data.sacrebleu_sets import sacrebleu_split; "
                            "sacrebleu_split('wmt14', 'en-de')"], cwd=REPO, env=env, capture_output=True, text=True)
     assert proc.returncode != 0 and "sacrebleu -t wmt14 -l en-de --echo src" in proc.stderr
 

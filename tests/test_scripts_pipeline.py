@@ -14,8 +14,8 @@ import pytest
 import torch
 import yaml
 
-from scripts import average_checkpoints, demo, evaluate, train
-from scripts.config import load_config
+from fairseq_plugins.recipes import average_checkpoints, demo, evaluate, train
+from fairseq_plugins.recipes.config import load_config
 from tests.cli import MULTI30K
 
 TINY_MODEL = {"encoder-layers": 1, "decoder-layers": 1, "encoder-embed-dim": 32, "decoder-embed-dim": 32,
@@ -199,6 +199,6 @@ def test_chinese_target_is_joined_and_scored_with_the_zh_tokenizer(tmp_path):
     assert "tok:zh" in result["sacrebleu_signature"] and result["sacrebleu"] == pytest.approx(100.0)
     assert result["tokenized"] == pytest.approx(100.0) and "tok:none" in result["tokenized_signature"]
     assert (tmp_path / "work" / "test.hyp.detok.zh").read_text(encoding="utf-8").splitlines()[0] == references[0]
-    assert result["test_set"] == "toy test (prepared by scripts.prepare_data)"
+    assert result["test_set"] == "toy test (prepared by fairseq-plugins-prepare-data)"
     named = evaluate.score(out, data, "test", tmp_path / "work", tokenize="char")
     assert "tok:char" in named["sacrebleu_signature"]

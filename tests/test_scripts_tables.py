@@ -1,4 +1,4 @@
-"""scripts/tables/*.sh: one per paper table, each a call of scripts.reproduce_table whose GPU and
+"""scripts/tables/*.sh: one per paper table, each a call of fairseq_plugins.recipes.reproduce_table whose GPU and
 distributed settings reach the fairseq-train commands (run here in their --dry-run mode)."""
 
 import math
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.config import all_configs, load_tables, run_key
+from fairseq_plugins.recipes.config import all_configs, load_tables, run_key
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted((REPO / "scripts" / "tables").glob("*.sh"))

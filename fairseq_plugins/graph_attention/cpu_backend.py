@@ -18,8 +18,6 @@ leaves the torch backend in use.
 
 import hashlib
 import platform
-from pathlib import Path
-
 from typing import Optional, Tuple
 
 import torch
@@ -27,8 +25,9 @@ from torch import Tensor
 
 from fairseq_plugins.graph_attention.extension_build import Extension
 from fairseq_plugins.graph_attention.registry import register_backend
+from fairseq_plugins.resources import resource_dir
 
-SOURCE_DIR = Path(__file__).resolve().parents[2] / "cpu_ext" / "csrc"
+SOURCE_DIR = resource_dir("cpu_ext") / "csrc"
 DTYPES = (torch.float32, torch.float64)  # what the kernel computes in
 HALF_DTYPES = (torch.float16, torch.bfloat16)  # computed in float32
 # the build is for the CPU that builds it (the cache folder names the CPU's features): AVX2/AVX-512

@@ -21,9 +21,10 @@ import torch
 
 from fairseq_plugins.graph_attention.extension_build import Extension
 from fairseq_plugins.graph_attention.registry import register_backend
+from fairseq_plugins.resources import resource_dir
 from fairseq_plugins.graphs.attention_graph import AttentionGraph
 
-SOURCE_DIR = Path(__file__).resolve().parents[2] / "cuda_ext" / "csrc"
+SOURCE_DIR = resource_dir("cuda_ext") / "csrc"
 SOURCES = (SOURCE_DIR / "graph_attention.cpp", SOURCE_DIR / "graph_attention_kernels.cu")
 # torch adds -std=c++20 and its half/bfloat16 defines itself; the compile test adds -Werror
 NVCC_FLAGS = ("-O3", "--expt-relaxed-constexpr")

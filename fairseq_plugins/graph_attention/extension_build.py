@@ -9,17 +9,13 @@ whether it could run; the build goes through
 processes reuse it and another torch rebuilds.
 """
 
-import os
 import threading
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from torch.utils import cpp_extension
 
-
-def cache_root() -> Path:
-    """The per-user cache of compiled kernels."""
-    return Path(os.environ.get("FAIRSEQ_PLUGINS_CACHE", Path.home() / ".cache" / "fairseq_plugins"))
+from ..resources import cache_root
 
 
 class Extension:

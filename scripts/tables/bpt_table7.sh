@@ -4,7 +4,7 @@
 #
 #   bash scripts/tables/bpt_table7.sh              # prepare data, train, average, evaluate, tabulate
 #   bash scripts/tables/bpt_table7.sh --dry-run    # print the plan and every command; run nothing
-#   bash scripts/tables/bpt_table7.sh --stages evaluate,table   # more options: python -m scripts.reproduce_table -h
+#   bash scripts/tables/bpt_table7.sh --stages evaluate,table   # more options: fairseq-plugins-reproduce -h
 #
 # Settings: edit them here, or set them in the environment (GPUS=4 bash scripts/tables/bpt_table7.sh).
 GPUS=${GPUS:-8}                     # GPUs per node (the paper trained on 8 GPUs); 0 = CPU
@@ -16,5 +16,5 @@ FP16=${FP16---fp16}                 # mixed precision (GPU); FP16= (empty) for f
 
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-exec "${PYTHON:-python}" -m scripts.reproduce_table bpt-table7 --world-size "$GPUS" --update-freq "$UPDATE_FREQ" \
+exec "${PYTHON:-python}" -m fairseq_plugins.recipes.reproduce_table bpt-table7 --world-size "$GPUS" --update-freq "$UPDATE_FREQ" \
     --nnodes "$NNODES" --node-rank "$NODE_RANK" --master-addr "$MASTER_ADDR" $FP16 "$@"

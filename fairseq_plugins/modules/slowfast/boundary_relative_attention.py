@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fairseq_plugins.modules.common.heads import merge_heads, split_heads
+from fairseq_plugins.modules.common.heads import merge_heads
 
 
 def boundary_relation_types(word_ids: torch.Tensor, window: int, restrict_to_word: bool = True) -> torch.Tensor:

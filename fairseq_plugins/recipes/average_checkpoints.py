@@ -5,7 +5,7 @@ one averages ``checkpoint{epoch}.pt`` files (the last N epochs found, or explici
 paths) and writes a checkpoint fairseq-generate loads like any other: the newest
 input's fields (``cfg``, ``args``, ...) with the averaged ``model`` state.
 
-    python -m scripts.average_checkpoints runs/RUN --last 10 --output runs/RUN/checkpoint_avg10.pt
+    fairseq-plugins-average-checkpoints runs/RUN --last 10 --output runs/RUN/checkpoint_avg10.pt
 """
 
 import argparse

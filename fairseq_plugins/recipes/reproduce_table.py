@@ -1,9 +1,9 @@
 """Reproduce one paper table end to end: prepare data, train, average, evaluate, tabulate.
 
-    python -m scripts.reproduce_table bpt-table7                   # everything
-    python -m scripts.reproduce_table bpt-table7 --dry-run         # show the plan and commands
-    python -m scripts.reproduce_table slowfast-table5 --stages evaluate,table
-    python -m scripts.reproduce_table bpt-table7 -- --max-update 20   # extra fairseq-train flags
+    fairseq-plugins-reproduce bpt-table7                   # everything
+    fairseq-plugins-reproduce bpt-table7 --dry-run         # show the plan and commands
+    fairseq-plugins-reproduce slowfast-table5 --stages evaluate,table
+    fairseq-plugins-reproduce bpt-table7 -- --max-update 20   # extra fairseq-train flags
     bash scripts/tables/bpt_table7.sh --dry-run                     # the same, with its GPU settings
 
 Rows that describe the same model (same data, arch and options) train once. Each stage
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from . import evaluate, prepare_data, results_table, train
-from .config import REPO, load_tables, run_key
+from .config import CONFIG_DIR, load_tables, run_key
 
 STAGES = ("prepare", "train", "evaluate", "table")
 
@@ -27,9 +27,9 @@ def main(argv=None) -> str:
     p.add_argument("table", choices=sorted(load_tables()))
     p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {STAGES}")
     p.add_argument("--raw-dir", type=Path, help="local raw corpus files (default: download)")
-    p.add_argument("--data-root", type=Path, default=REPO / "data-bin")
-    p.add_argument("--runs-dir", type=Path, default=REPO / "runs")
-    p.add_argument("--results-dir", type=Path, default=REPO / "results")
+    p.add_argument("--data-root", type=Path, default=Path("data-bin"))
+    p.add_argument("--runs-dir", type=Path, default=Path("runs"))
+    p.add_argument("--results-dir", type=Path, default=Path("results"))
     p.add_argument("--workers", type=int, default=8, help="data preparation processes")
     p.add_argument("--world-size", type=int, help="GPUs per node (default: all visible; 0 = CPU)")
     p.add_argument("--update-freq", type=train.update_freq_arg, default=None, metavar="N|auto",
@@ -60,10 +60,10 @@ def main(argv=None) -> str:
             cmd = [cfg["data"], "--out", str(data), "--workers", str(args.workers)]
             if args.raw_dir:
                 cmd += ["--raw-dir", str(args.raw_dir)]
-            print("  python -m scripts.prepare_data " + " ".join(cmd), flush=True)
+            print("  fairseq-plugins-prepare-data " + " ".join(cmd), flush=True)
             if not args.dry_run:
                 prepare_data.main(cmd)
-        cfg_path = str(REPO / "configs" / f"{cfg['name']}.yaml")
+        cfg_path = str(CONFIG_DIR / f"{cfg['name']}.yaml")
         if "train" in stages:
             targs = [cfg_path, "--data", str(data), "--runs-dir", str(args.runs_dir)]
             if args.world_size is not None:
@@ -81,7 +81,7 @@ def main(argv=None) -> str:
                 if done.exists():
                     print(f"  {c['name']}: already evaluated ({done})", flush=True)
                 elif args.dry_run:
-                    print(f"  python -m scripts.evaluate configs/{c['name']}.yaml", flush=True)
+                    print(f"  fairseq-plugins-evaluate configs/{c['name']}.yaml", flush=True)
                 else:
                     ckpt = evaluate.checkpoint_for(c, args.runs_dir / key)
                     evaluate.evaluate(c, data, ckpt, "test", args.results_dir)

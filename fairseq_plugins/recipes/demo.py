@@ -1,12 +1,12 @@
 """The demo: every architecture, small, on Multi30K En-De, the same number of updates each.
 
-    python -m scripts.demo                        # about 15 min on a quiet 2-core CPU
-    python -m scripts.demo --updates 2000 --gpu   # more updates, on a GPU
-    python -m scripts.demo --minutes 30           # also stop each model at an equal time share
-    python -m scripts.demo --raw-dir ../shared/data/multi30k   # a local copy, no download
+    fairseq-plugins-demo                        # about 15 min on a quiet 2-core CPU
+    fairseq-plugins-demo --updates 2000 --gpu   # more updates, on a GPU
+    fairseq-plugins-demo --minutes 30           # also stop each model at an equal time share
+    fairseq-plugins-demo --raw-dir path/to/multi30k   # a local copy, no download
 
-Prepares Multi30K En-De (downloads the raw files, or uses ``--raw-dir``; the sibling
-``../shared/data/multi30k`` is used when present), trains each architecture of
+Prepares Multi30K En-De (downloads the raw files once into the cache, or uses ``--raw-dir``),
+trains each architecture of
 ``configs/demo.yaml`` for the config's fixed number of updates with its one seed
 (fairseq-train ``--max-update``), translates the test set (test_2016_flickr) and prints a
 table of SacreBLEU, parameters, training speed and time per update relative to the
@@ -30,13 +30,12 @@ from typing import Dict, List, Optional
 
 import yaml
 
-from .config import REPO, USER_DIR, to_flags
+from .config import CONFIG_DIR, USER_DIR, to_flags
 from .data.common import DEFAULT_CACHE, prepare
 from .data.multi30k import multi30k_en_de
 from .demo_progress import DemoProgress, clock
 from .evaluate import generate, score
 
-LOCAL_MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
 # With --minutes, each architecture gets an equal share of the time left. Training gets that
 # share minus the start-up/validation/translation time the previous one needed (first: 80%).
 TRAIN_SHARE = 0.8
@@ -186,7 +185,7 @@ def train_command(entry: dict, cfg: dict, data: Path, save_dir: Path, updates: O
     """fairseq-train for one row: stops after ``updates`` (if any) or ``seconds`` (if any)."""
     exe = shutil.which("fairseq-train")
     if exe is None:
-        raise RuntimeError("fairseq-train not found on PATH: run scripts/setup.sh")
+        raise RuntimeError("fairseq-train not found on PATH: install fairseq with fairseq-plugins-install-fairseq")
     return [exe, str(data), "--user-dir", str(USER_DIR), "--arch", entry["arch"],
             *to_flags({**cfg["model"], **entry.get("model", {})}), *to_flags(cfg["train"]),
             "--seed", str(cfg["seed"]), "--save-dir", str(save_dir), "--no-epoch-checkpoints",
@@ -349,10 +348,10 @@ def main(argv=None) -> List[dict]:
                    "0: no limit, train for the --minutes budget)")
     p.add_argument("--minutes", type=float, help="a wall-clock budget for the whole demo: each model also "
                    "stops at its equal share (makes BLEU depend on the machine's speed)")
-    p.add_argument("--config", type=Path, default=REPO / "configs" / "demo.yaml")
-    p.add_argument("--raw-dir", type=Path, help="local Multi30K raw files (default: "
-                   "../shared/data/multi30k when present, else download)")
-    p.add_argument("--out", type=Path, default=REPO / "results" / "demo")
+    p.add_argument("--config", type=Path, default=CONFIG_DIR / "demo.yaml")
+    p.add_argument("--raw-dir", type=Path, help="local Multi30K raw files "
+                   "(train/val/test_2016_flickr .en/.de, plain or .gz; default: download once into the cache)")
+    p.add_argument("--out", type=Path, default=Path("results") / "demo")
     p.add_argument("--archs", help="comma-separated subset of the config's arch names")
     p.add_argument("--gpu", action="store_true", help="train and translate on the GPU")
     p.add_argument("--threads", type=int, help="CPU threads per fairseq process (default: "
@@ -371,7 +370,7 @@ def main(argv=None) -> List[dict]:
     if not updates and not args.minutes:
         p.error("--updates 0 needs a --minutes budget")
     entries = select_entries(cfg["architectures"], args.archs, "arch", "--archs", p, args.config)
-    raw_dir = args.raw_dir or (LOCAL_MULTI30K if LOCAL_MULTI30K.is_dir() else None)
+    raw_dir = args.raw_dir
     cores = usable_cores()
     threads = args.threads or int(os.environ.get("OMP_NUM_THREADS") or cores)
     if threads < 1:

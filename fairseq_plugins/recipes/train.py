@@ -1,9 +1,9 @@
 """Train one config with fairseq-train.
 
-    python -m scripts.train configs/bpt/table7_bpt_k4.yaml               # all local GPUs (or CPU)
-    python -m scripts.train CONFIG --world-size 4                          # 4 GPUs on this node
-    python -m scripts.train CONFIG --nnodes 2 --node-rank 0 --master-addr HOST   # multi-node (torchrun)
-    python -m scripts.train CONFIG -- --max-update 100                     # extra fairseq-train flags
+    fairseq-plugins-train configs/bpt/table7_bpt_k4.yaml               # all local GPUs (or CPU)
+    fairseq-plugins-train CONFIG --world-size 4                          # 4 GPUs on this node
+    fairseq-plugins-train CONFIG --nnodes 2 --node-rank 0 --master-addr HOST   # multi-node (torchrun)
+    fairseq-plugins-train CONFIG -- --max-update 100                     # extra fairseq-train flags
 
 The paper's batch is kept on fewer devices by scaling ``--update-freq`` (config ``gpus``), unless
 ``--update-freq N`` is given.
@@ -19,11 +19,11 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from .config import REPO, load_config, run_key, train_flags
+from .config import load_config, run_key, train_flags
 
 
 def default_data_dir(cfg) -> Path:
-    return REPO / "data-bin" / cfg["data"]
+    return Path("data-bin") / cfg["data"]
 
 
 def local_devices() -> int:
@@ -38,7 +38,7 @@ def build_command(cfg, data: Path, save_dir: Path, gpus_per_node: int, nnodes: i
     """The fairseq-train command line (wrapped in torchrun for several nodes)."""
     exe = shutil.which("fairseq-train")
     if exe is None:
-        raise RuntimeError("fairseq-train not found on PATH: run scripts/setup.sh")
+        raise RuntimeError("fairseq-train not found on PATH: install fairseq with fairseq-plugins-install-fairseq")
     world = max(1, gpus_per_node) * nnodes
     cmd = [exe, str(data), "--save-dir", str(save_dir), *train_flags(cfg, world, update_freq)]
     if gpus_per_node == 0:
@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config", type=Path)
     p.add_argument("--data", type=Path, help="data-bin directory (default: data-bin/<corpus>)")
-    p.add_argument("--runs-dir", type=Path, default=REPO / "runs")
+    p.add_argument("--runs-dir", type=Path, default=Path("runs"))
     p.add_argument("--world-size", type=int, help="GPUs per node (default: all visible; 0 = CPU)")
     p.add_argument("--nnodes", type=int, default=1)
     p.add_argument("--node-rank", type=int, default=0)
@@ -100,7 +100,7 @@ def main(argv=None) -> Path:
     cfg = load_config(args.config)
     data = args.data or default_data_dir(cfg)
     if not args.dry_run and not data.is_dir():
-        sys.exit(f"{data} does not exist: python -m scripts.prepare_data {cfg['data']} --out {data}")
+        sys.exit(f"{data} does not exist: fairseq-plugins-prepare-data {cfg['data']} --out {data}")
     save_dir = args.runs_dir / run_key(cfg)
     gpus = local_devices() if args.world_size is None else args.world_size
     cmd = build_command(cfg, data, save_dir, gpus, args.nnodes, args.node_rank, args.master_addr,

@@ -7,14 +7,15 @@ A config holds everything needed to rerun one row::
     row: BPT (k = 4)             # row label as printed in the paper
     column: BLEU                 # column label, for tables with several result columns
     reported: {sacrebleu: 27.6}  # the paper's numbers by metric (sacrebleu | tokenized)
-    data: wmt14-en-de-bpt        # corpus of scripts.prepare_data
+    data: wmt14-en-de-bpt        # corpus of fairseq-plugins-prepare-data
     arch: bpt_transformer_wmt_en_de
     task: {task: translation}    # task options, used by training and generation
     model: {...}                 # model options (fairseq-train --help with --arch)
     train: {...}                 # optimisation options
     gpus: 8                      # GPUs the paper's batch assumes; update-freq is rescaled
     average_last: 10             # average the last N epoch checkpoints (0: checkpoint_best)
-    generate: {beam: 5, lenpen: 0.6}
+    generate: {beam: 5, lenpen: 0.6}   # translation: fairseq-generate options
+    evaluate: {...}              # other tasks: options of their evaluation command
     sacrebleu_tokenize: intl     # sacrebleu's tokenizer for the detokenized score (default 13a; zh
                                  # for a Chinese target)
     note: ...                    # which values the paper leaves open, and what we chose
@@ -31,14 +32,17 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-CONFIG_DIR = REPO / "configs"
-USER_DIR = REPO / "fairseq_plugins"
-METRICS = ("sacrebleu", "tokenized")
+from ..resources import resource_dir, user_dir
+
+CONFIG_DIR = resource_dir("configs")
+USER_DIR = user_dir()
+METRICS = ("sacrebleu", "tokenized", "bpc", "ppl", "accuracy", "f1")  # what ``reported`` may hold
 
 _REQUIRED = {"paper": str, "table": str, "row": str, "data": str, "arch": str,
-             "model": dict, "train": dict, "generate": dict, "gpus": int, "average_last": int}
-_OPTIONAL = {"column": str, "reported": dict, "task": dict, "note": str, "sacrebleu_tokenize": str}
+             "model": dict, "train": dict, "gpus": int, "average_last": int}
+_OPTIONAL = {"column": str, "reported": dict, "task": dict, "note": str, "sacrebleu_tokenize": str,
+             "generate": dict,  # fairseq-generate options (translation tasks)
+             "evaluate": dict}  # options of the task's own evaluation command (e.g. fairseq-eval-lm)
 SACREBLEU_TOKENIZERS = ("13a", "intl", "zh", "char", "none")
 # flags the scripts set themselves; a config must not carry them
 _RESERVED = {"user-dir", "arch", "save-dir", "path", "distributed-world-size", "gen-subset", "remove-bpe",
@@ -49,9 +53,23 @@ class ConfigError(ValueError):
     pass
 
 
-def load_config(path) -> Dict[str, Any]:
-    """Read and validate one config; adds ``name`` (path relative to configs/)."""
+def find_config(path) -> Path:
+    """A config file: ``path`` itself when it exists, else a config shipped with the package
+    named by its path under configs/ (``bpt/table7_bpt_k4`` or ``bpt/table7_bpt_k4.yaml``)."""
     path = Path(path)
+    if path.exists():
+        return path
+    relative = Path(*path.parts[1:]) if path.parts[:1] == ("configs",) else path
+    shipped = CONFIG_DIR / relative.with_suffix(".yaml")
+    if shipped.exists():
+        return shipped
+    raise ConfigError(f"{path}: no such file, nor a config of {CONFIG_DIR} by that name")
+
+
+def load_config(path) -> Dict[str, Any]:
+    """Read and validate one config (a file, or a shipped config's name); adds ``name``
+    (its path relative to configs/)."""
+    path = find_config(path)
     try:
         cfg = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
@@ -71,7 +89,7 @@ def load_config(path) -> Dict[str, Any]:
     for metric, value in (cfg.get("reported") or {}).items():
         if metric not in METRICS or not isinstance(value, (int, float)):
             raise ConfigError(f"{path}: reported must map {METRICS} to numbers, got {metric}: {value!r}")
-    for section in ("task", "model", "train", "generate"):
+    for section in ("task", "model", "train", "generate", "evaluate"):
         clash = _RESERVED.intersection(cfg.get(section) or {})
         if clash:
             raise ConfigError(f"{path}: '{section}' sets {sorted(clash)}, which the scripts set themselves")
@@ -80,6 +98,8 @@ def load_config(path) -> Dict[str, Any]:
     if cfg["gpus"] < 1 or cfg["average_last"] < 0:
         raise ConfigError(f"{path}: gpus must be >= 1 and average_last >= 0")
     cfg.setdefault("task", {})
+    cfg.setdefault("generate", {})
+    cfg.setdefault("evaluate", {})
     cfg.setdefault("column", "BLEU")
     cfg.setdefault("reported", {})
     try:

@@ -1,12 +1,12 @@
 """Translate a test set with fairseq-generate, detokenize, and score with sacrebleu's Python API.
 
-    python -m scripts.evaluate configs/bpt/table7_bpt_k4.yaml        # averages, generates, scores
-    python -m scripts.evaluate CONFIG --checkpoint path/to/checkpoint.pt
+    fairseq-plugins-evaluate configs/bpt/table7_bpt_k4.yaml        # averages, generates, scores
+    fairseq-plugins-evaluate CONFIG --checkpoint path/to/checkpoint.pt
 
 Two scores, each printed and saved with its sacrebleu signature and the test set it is on:
 
 - ``sacrebleu``: detokenized hypotheses (sacremoses) against the untokenized references that
-  ``scripts.prepare_data`` kept (``{subset}.raw.{tgt}``: for WMT, the text of sacrebleu's own test
+  ``fairseq-plugins-prepare-data`` kept (``{subset}.raw.{tgt}``: for WMT, the text of sacrebleu's own test
   set), with the tokenizer the config names (``sacrebleu_tokenize``: BPT Table 7 ``intl``;
   default ``13a``, ``zh`` for a Chinese target); the reportable number.
 - ``tokenized``: Moses-tokenized hypotheses against the tokenized references with
@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .config import REPO, generate_flags, load_config, run_key, target_context
+from .config import generate_flags, load_config, run_key, target_context
 from .data.common import unsegment_chinese
 from .train import default_data_dir, local_devices
 
@@ -84,7 +84,7 @@ def score(generate_out: str, data: Path, subset: str, out_dir: Path, tokenize: O
         (out_dir / f"{subset}.{name}.{tgt}").write_text("".join(x + "\n" for x in lines), encoding="utf-8")
     detok = bleu(detokenized, references, tokenize or default_tokenize(tgt), lowercase)
     tok = bleu(tokenized, ref_tok, "none", lowercase)
-    test_set = meta.get("origins", {}).get(subset, f"{meta['corpus']} {subset} (prepared by scripts.prepare_data)")
+    test_set = meta.get("origins", {}).get(subset, f"{meta['corpus']} {subset} (prepared by fairseq-plugins-prepare-data)")
     return {"sentences": len(references), "test_set": test_set,
             "sacrebleu": detok["score"], "sacrebleu_signature": detok["signature"],
             "tokenized": tok["score"], "tokenized_signature": tok["signature"]}
@@ -110,7 +110,7 @@ def checkpoint_for(cfg, run_dir: Path) -> Path:
 def generate(cfg, data: Path, checkpoint: Path, subset: str, cpu: bool, extra: List[str] = ()) -> str:
     exe = shutil.which("fairseq-generate")
     if exe is None:
-        raise RuntimeError("fairseq-generate not found on PATH: run scripts/setup.sh")
+        raise RuntimeError("fairseq-generate not found on PATH: install fairseq with fairseq-plugins-install-fairseq")
     cmd = [exe, str(data), "--path", str(checkpoint), "--gen-subset", subset, "--remove-bpe",
            *generate_flags(cfg), *(["--cpu"] if cpu else []), *extra]
     print(" ".join(cmd), file=sys.stderr, flush=True)
@@ -144,16 +144,16 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config", type=Path)
     p.add_argument("--data", type=Path, help="data-bin directory (default: data-bin/<corpus>)")
-    p.add_argument("--runs-dir", type=Path, default=REPO / "runs")
+    p.add_argument("--runs-dir", type=Path, default=Path("runs"))
     p.add_argument("--checkpoint", type=Path, help="default: the run's averaged (or best) checkpoint")
     p.add_argument("--subset", default="test")
-    p.add_argument("--results-dir", type=Path, default=REPO / "results")
+    p.add_argument("--results-dir", type=Path, default=Path("results"))
     args = p.parse_args(ours)
     cfg = load_config(args.config)
     data = args.data or default_data_dir(cfg)
     checkpoint = args.checkpoint or checkpoint_for(cfg, args.runs_dir / run_key(cfg))
     if not checkpoint.exists():
-        sys.exit(f"{checkpoint} does not exist: train first (python -m scripts.train {args.config})")
+        sys.exit(f"{checkpoint} does not exist: train first (fairseq-plugins-train {args.config})")
     return evaluate(cfg, data, checkpoint, args.subset, args.results_dir, extra)
 
 

@@ -1,7 +1,7 @@
 """Prepare a translation corpus into a fairseq data-bin.
 
-    python -m scripts.prepare_data wmt14-en-de-bpt --out data-bin/wmt14_en_de_bpt
-    python -m scripts.prepare_data multi30k-en-de --raw-dir ../shared/data/multi30k --out data-bin/multi30k
+    fairseq-plugins-prepare-data wmt14-en-de-bpt --out data-bin/wmt14_en_de_bpt
+    fairseq-plugins-prepare-data multi30k-en-de --raw-dir ../shared/data/multi30k --out data-bin/multi30k
 
 Without ``--raw-dir`` the raw training files are downloaded from their public sources into
 ``--cache-dir``; with it, the raw files (extracted, gzipped or still in their archives)

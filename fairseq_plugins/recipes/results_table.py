@@ -1,10 +1,10 @@
 """Collect results into a Markdown table shaped like the paper's, paper numbers beside ours.
 
-    python -m scripts.results_table bpt-table7 [--results-dir results] [--out results/bpt-table7.md]
+    fairseq-plugins-results-table bpt-table7 [--results-dir results] [--out results/bpt-table7.md]
 
 Row order, columns and the rows we do not rerun (prior work, unimplemented ablations)
 come from ``configs/tables.yaml``; our numbers from ``results/<config>.json``
-(written by scripts.evaluate). Missing results show as "-". Each row's notes give the test set
+(written by fairseq-plugins-evaluate). Missing results show as "-". Each row's notes give the test set
 and the sacrebleu signature of each of our numbers, and mark document-level numbers that were not
 made with the model's own context (the oracle reference context, or same-pass decoding).
 """
@@ -12,9 +12,9 @@ made with the model's own context (the oracle reference context, or same-pass de
 import argparse
 import json
 from pathlib import Path
-from typing import Dict, List
+from typing import List
 
-from .config import REPO, all_configs, load_tables
+from .config import all_configs, load_tables
 
 METRIC_NAMES = {"sacrebleu": "SacreBLEU", "tokenized": "tok. BLEU"}
 CONTEXT_MARKS = {
@@ -82,7 +82,7 @@ def render(table_id: str, results_dir: Path, configs=None) -> str:
 def main(argv=None) -> str:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("table", choices=sorted(load_tables()))
-    p.add_argument("--results-dir", type=Path, default=REPO / "results")
+    p.add_argument("--results-dir", type=Path, default=Path("results"))
     p.add_argument("--out", type=Path, help="default: <results-dir>/<table>.md")
     args = p.parse_args(argv)
     text = render(args.table, args.results_dir)

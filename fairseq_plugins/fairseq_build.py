@@ -1,7 +1,8 @@
 """Build fairseq 0.12.2 from its PyPI sdist, with the plugin's fixes in its source, into a local wheel.
 
-    python scripts/build_fairseq_wheel.py                 # print the wheel's path; build it only if not cached
-    python scripts/build_fairseq_wheel.py --prepare DIR   # unpack the cached sdist into DIR and fix it (no build)
+    fairseq-plugins-install-fairseq                       # build (once, cached) and pip-install it
+    python -m fairseq_plugins.fairseq_build               # print the wheel's path; build it only if not cached
+    python -m fairseq_plugins.fairseq_build --prepare DIR # unpack the cached sdist into DIR and fix it (no build)
 
 The wheel's version carries the fixes' label (``0.12.2+plugins.<hash>``, see
 ``fairseq_plugins/fairseq_fixes.py``) and its metadata declares the dependencies that work,
@@ -12,7 +13,6 @@ once (about 2 minutes on 2 quiet cores), whatever the number of checkouts and en
 """
 
 import argparse
-import os
 import shutil
 import subprocess
 import sys
@@ -21,15 +21,14 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fairseq_plugins import fairseq_fixes  # noqa: E402  (imports no fairseq)
+from . import fairseq_fixes  # imports no fairseq
+from .resources import cache_root
 
 SDIST_NAME = f"fairseq-{fairseq_fixes.SUPPORTED_FAIRSEQ_VERSION}.tar.gz"
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("FAIRSEQ_PLUGINS_CACHE", Path.home() / ".cache" / "fairseq_plugins")
-    return Path(root) / "fairseq-build"  # beside the CUDA kernels' cache
+    return cache_root() / "fairseq-build"  # beside the compiled kernels' cache
 
 
 def _pip(*args) -> None:
@@ -41,7 +40,7 @@ def sdist(download: bool = True) -> Path:
     path = cache_dir() / SDIST_NAME
     if not path.exists():
         if not download:
-            raise FileNotFoundError(f"{path} is missing: run scripts/setup.sh (it downloads and builds fairseq)")
+            raise FileNotFoundError(f"{path} is missing: run fairseq-plugins-install-fairseq (it downloads and builds fairseq)")
         path.parent.mkdir(parents=True, exist_ok=True)
         print(f"[build] downloading {SDIST_NAME} from PyPI", file=sys.stderr)
         _pip("download", "-q", "--no-deps", "--no-binary", "fairseq", "-d", str(path.parent),
@@ -81,16 +80,31 @@ def build() -> Path:
     return cached_wheel()
 
 
+def install() -> Path:
+    """Build the fixed wheel unless cached, then pip-install it into this Python's environment."""
+    wheel = build()
+    print(f"[build] installing {wheel.name}", file=sys.stderr)
+    _pip("install", "-q", str(wheel))
+    return wheel
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prepare", type=Path, metavar="DIR",
+    action = parser.add_mutually_exclusive_group()
+    action.add_argument("--prepare", type=Path, metavar="DIR",
                         help="only unpack the cached sdist into DIR and apply the fixes (no download, no build)")
+    action.add_argument("--install", action="store_true", help="also pip-install the wheel into this environment")
     args = parser.parse_args(argv)
     if args.prepare:
         print(prepare(args.prepare, download=False).root)
     else:
-        print(build())
+        print(install() if args.install else build())
     return 0
+
+
+def install_main() -> int:
+    """Console command ``fairseq-plugins-install-fairseq``."""
+    return main(["--install", *sys.argv[1:]])
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ Layout written under ``out``::
                                  (the references that sacrebleu scores against)
     out/{split}.docids           one document (TED talk) id per sentence, when known
     out/bpe.codes[.{lang}]       subword-nmt merges
-    out/prep.json                what was done (read by scripts.evaluate)
+    out/prep.json                what was done (read by fairseq-plugins-evaluate)
     out/dict.*.txt, out/{split}.{src}-{tgt}.{lang}.{bin,idx}   fairseq-preprocess output
 """
 
@@ -520,7 +520,7 @@ def fairseq_preprocess(text_dir: Path, destdir: Path, src: str, tgt: str, splits
     the most frequent types; the rest become <unk>)."""
     exe = shutil.which("fairseq-preprocess")
     if exe is None:
-        raise RuntimeError("fairseq-preprocess not found on PATH: install fairseq (scripts/setup.sh)")
+        raise RuntimeError("fairseq-preprocess not found on PATH: install fairseq with fairseq-plugins-install-fairseq")
     cmd = [exe, "--source-lang", src, "--target-lang", tgt, "--destdir", str(destdir),
            "--workers", str(max(1, workers))]
     for split in splits:

@@ -1,7 +1,7 @@
 """WMT news translation corpora: WMT14 En-De (two settings), WMT16 En-Ro, WMT17 Zh-En.
 
 Training text is plain (one sentence per line), downloaded from statmt.org; dev and test sets
-come from sacrebleu's built-in test sets (``scripts.data.sacrebleu_sets``), with their document ids.
+come from sacrebleu's built-in test sets (``.sacrebleu_sets``), with their document ids.
 """
 
 from pathlib import Path

@@ -1,0 +1,1 @@
+"""Corpus preparation: one module per corpus family on top of :mod:`.common`."""

@@ -1,1 +1,0 @@
-"""Corpus preparation: one module per corpus family on top of :mod:`scripts.data.common`."""
