@@ -197,3 +197,11 @@ def test_an_extension_that_fails_to_build_is_not_retried(tmp_path):
         with pytest.raises(RuntimeError, match="no toolchain here"):
             extension.load()
     assert len(calls) == 1
+
+
+def test_the_self_check_leaves_torchs_random_state_alone():
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
+    registry.self_check(TORCH_FN, "cpu", torch.float32, 16)
+    assert torch.equal(torch.rand(3), expected)

@@ -310,12 +310,12 @@ def self_check(fn: BackendFn, device, dtype, head_dim: int, rel_dtype: Optional[
             raise RuntimeError(f"{name} differs from the torch backend by {error:.3g}")
 
     tolerance = SELF_CHECK_TOLERANCE.get(dtype, SELF_CHECK_TOLERANCE[torch.float32])
-    mask = absent
-    expected = run(reference_fn, [t.double() for t in leaves], grad_out.double())
-    mask = absent.to(device)
-    inputs = [t.to(device, want) for t, want in zip(leaves, dtypes)]
-    grad = grad_out.to(device, dtype)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        mask = absent
+        expected = run(reference_fn, [t.double() for t in leaves], grad_out.double())
+        mask = absent.to(device)
+        inputs = [t.to(device, want) for t, want in zip(leaves, dtypes)]
+        grad = grad_out.to(device, dtype)
         out, grads = run(fn, inputs, grad)
         check("output", out, expected[0], dtype, tolerance)
         for name, a, e, want in zip(("d query", "d key", "d value", "d rel_key"), grads, expected[1], dtypes):
