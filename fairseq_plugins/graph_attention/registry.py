@@ -293,7 +293,9 @@ def self_check(fn: BackendFn, device, dtype, head_dim: int, rel_dtype: Optional[
     dtypes = (dtype,) * 3 + (rel_dtype,)
 
     def run(backend_fn, tensors, grad, dropout_p=0.0, seed=0):
-        """(output, gradients of the four inputs or None without ``grad``) under ``seed``."""
+        """(output, gradients of the four inputs or None without ``grad``) under ``seed``;
+        the padding mask on the tensors' device."""
+        mask = absent.to(tensors[0].device)
         tensors = [t.detach().requires_grad_(grad is not None) for t in tensors]
         torch.manual_seed(seed)
         with autocast_off(device):
@@ -311,19 +313,17 @@ def self_check(fn: BackendFn, device, dtype, head_dim: int, rel_dtype: Optional[
 
     tolerance = SELF_CHECK_TOLERANCE.get(dtype, SELF_CHECK_TOLERANCE[torch.float32])
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        mask = absent
         expected = run(reference_fn, [t.double() for t in leaves], grad_out.double())
-        mask = absent.to(device)
         inputs = [t.to(device, want) for t, want in zip(leaves, dtypes)]
         grad = grad_out.to(device, dtype)
         out, grads = run(fn, inputs, grad)
         check("output", out, expected[0], dtype, tolerance)
         for name, a, e, want in zip(("d query", "d key", "d value", "d rel_key"), grads, expected[1], dtypes):
             check(name, a, e, want, tolerance)
-        _check_dropout(run, fn, inputs, grad, dtype, tolerance, mask)
+        _check_dropout(run, fn, inputs, grad, dtype, tolerance)
 
 
-def _check_dropout(run, fn, inputs, grad, dtype, tolerance, mask) -> None:
+def _check_dropout(run, fn, inputs, grad, dtype, tolerance) -> None:
     """The dropout part of ``self_check`` (see there)."""
     p = SELF_CHECK_DROPOUT
     out, grads = run(fn, inputs, grad, p, seed=1)

@@ -5,8 +5,9 @@ its sentence: token nodes (word embeddings; fairseq's positions only with
 ``--graph-token-positions absolute``) then span nodes (zeros), laid out tokens first. The
 encoder hands only its token nodes to the decoder (fairseq's ``encoder_out``); the decoder's
 cross-attention is fairseq's, from its token nodes (``--graph-cross-attention nodes``: every
-node) to the source tokens, and its output projection reads target token nodes only. The decoder graph is causal: a token sees its left
-context and itself; a span is only ever read once complete.
+node) to the source tokens, and its output projection reads target token nodes only. The
+decoder graph is causal: a token sees its left context and itself; a span is only ever read
+once complete.
 
 Incremental decoding keeps, per layer, the keys/values of every node created so far (in
 creation order, see ``causal_step_graph``); a step runs the new token and the spans it
