@@ -128,7 +128,7 @@ def test_auto_passes_the_self_check_and_falls_back_for_other_head_dims(dtype, mo
     for dim, expected in ((64, fast), (48, "torch")):
         q = torch.randn(1, 2, graph.num_nodes, dim, device="cuda", dtype=dtype)
         assert registry.auto_backend(q, graph) == expected
-    assert registry._SELF_CHECKS[(fast, "cuda:0", dtype, 64)] is None
+    assert registry._SELF_CHECKS[(fast, "cuda:0", dtype, 64, dtype)] is None
 
 
 @gpu
