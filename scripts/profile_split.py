@@ -7,7 +7,7 @@ the part it ran in, and a backward node (``autograd::engine::evaluate_function``
 part of the forward op that created it (the two share a sequence number). Code of the
 encoder/decoder outside any such module (graph building, node padding, masks, residual
 adds, the activation function) counts as ``encoder (rest)`` / ``decoder (rest)``.
-Inside self-attention, the graph attention kernels (``CpuGraphAttention`` and its backward:
+Inside self-attention, the graph attention kernels (the ``fairseq_plugins::cpu_graph_attention`` op and its backward:
 what BPT and SegTree run on CPU, relative keys included) count as ``graph attention
 kernel``, and gathers as ``relative keys (gather)``: the torch backend's dense graph path
 gathers its relative-key bias, the other attentions gather nothing.
@@ -92,7 +92,7 @@ def update_split(model, optimizer, batch, pad) -> Dict[str, float]:
         if event.name.startswith(BACKWARD) or _in_backward(event):
             continue
         part = _part(event)
-        if part == "self-attention" and "GraphAttention" in event.name:
+        if part == "self-attention" and ("GraphAttention" in event.name or "graph_attention" in event.name):
             part = "graph attention kernel"
         elif part == "self-attention" and "gather" in event.name:
             part = "relative keys (gather)"
