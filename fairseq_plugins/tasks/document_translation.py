@@ -22,6 +22,7 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from fairseq_plugins.data.document_context import read_docids
 from fairseq_plugins.data.document_pair_dataset import DocumentPairDataset
+from fairseq_plugins.data.document_text import SentenceSeparated
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +95,18 @@ class DocumentTranslationTask(TranslationTask):
     def sentence_separator(self) -> int:
         """The token joining the sentences of a sample (see ``document_layout``)."""
         return self.src_dict.bos()
+
+    def build_tokenizer(self, args):
+        """fairseq's tokenizer, applied to each ``<s>``-separated sentence of raw input (it would
+        split the marker and fuse the context into the sentence)."""
+        return self._separated(super().build_tokenizer(args))
+
+    def build_bpe(self, args):
+        """fairseq's BPE, applied to each ``<s>``-separated sentence of raw input."""
+        return self._separated(super().build_bpe(args))
+
+    def _separated(self, encoder):
+        return None if encoder is None else SentenceSeparated(encoder, self.src_dict[self.sentence_separator])
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
         paths = utils.split_paths(self.cfg.data)
