@@ -50,6 +50,6 @@ def test_document_level_row_end_to_end_on_the_fixture(tmp_path):
                             "--results-dir", str(tmp_path / "results")])
     assert result["sentences"] == len(test_docids)
     saved = json.loads((tmp_path / "results" / "bpt" / "table6_transformer_l32.json").read_text())
-    assert saved["column"] == "32" and saved["row"] == "Transformer"
+    assert saved["column"] == "32" and saved["row"] == "Transformer (full cross-attention)"
     assert saved["target_context"] == "translations" and saved["test_set"] == \
         "IWSLT15 zh-en TED.tst2010+TED.tst2011+TED.tst2012+TED.tst2013 (WIT3 xml)"

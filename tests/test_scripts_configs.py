@@ -96,6 +96,19 @@ def test_update_freq_keeps_the_papers_batch():
     assert config_mod.scaled_update_freq(cfg, 3) == 6  # rounded up: at least the paper's batch
 
 
+def test_more_devices_than_the_papers_batches_share_one_batch():
+    """An IWSLT config (one GPU) on 8 GPUs: each takes an eighth of the batch, not 8x the paper's."""
+    cfg = {"name": "x", "gpus": 1, "train": {"max-tokens": 4096, "batch-size": 128}}
+    assert config_mod.train_options(cfg, 8) == {"max-tokens": 512, "batch-size": 16, "update-freq": 1}
+    assert config_mod.train_options(cfg, 3) == {"max-tokens": 1365, "batch-size": 42, "update-freq": 1}
+    assert config_mod.train_options(cfg, 1) == {"max-tokens": 4096, "batch-size": 128, "update-freq": 1}
+    assert config_mod.train_options(cfg, 8, update_freq=2)["max-tokens"] == 4096  # asked for: as given
+    doubled = {"name": "x", "gpus": 2, "train": {"max-tokens": 4096, "update-freq": 2}}
+    assert config_mod.train_options(doubled, 8) == {"max-tokens": 2048, "update-freq": 1}
+    with pytest.raises(ConfigError, match=r"the paper's batch \(1 x --batch-size 2\) cannot be split over 4 devices"):
+        config_mod.train_options({"name": "x", "gpus": 1, "train": {"batch-size": 2}}, 4)
+
+
 def test_bad_configs_are_rejected(tmp_path):
     good = yaml.safe_load(Path(config_mod.CONFIG_DIR / "bpt" / "table7_transformer.yaml").read_text())
     for change, message in [({"arch": None}, "must be a str"), ({"typo": 1}, "unknown key"),

@@ -99,9 +99,9 @@ def checkpoint_for(cfg, run_dir: Path) -> Path:
     if not averaged.exists():
         import torch  # here: the dry runs of the table scripts need no torch
 
-        from .average_checkpoints import average, last_epoch_checkpoints
+        from .average_checkpoints import average, last_checkpoints
 
-        paths = last_epoch_checkpoints(run_dir, n)
+        paths = last_checkpoints(run_dir, n)
         print("averaging " + ", ".join(p.name for p in paths), flush=True)
         torch.save(average(paths), averaged)
     return averaged
