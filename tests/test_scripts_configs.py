@@ -161,3 +161,15 @@ def test_target_context_of_a_config_and_its_overrides():
     doc = by_name["bpt/table6_bpt_k4_l32"]
     assert config_mod.target_context(doc) == "translations"
     assert config_mod.target_context(doc, ["--beam", "2", "--target-context", "oracle-reference"]) == "oracle-reference"
+
+
+def test_results_table_says_when_a_row_trained_on_less_data_than_the_paper(tmp_path):
+    import json
+
+    (tmp_path / "slowfast").mkdir()
+    (tmp_path / "slowfast" / "table2_transformer_big.json").write_text(json.dumps(
+        {"tokenized": 20.1, "tokenized_signature": "tok:none", "test_set": "sacrebleu -t wmt17 -l zh-en",
+         "training_pairs": 227_062, "paper_training_pairs": 18_000_000}))
+    row = next(line for line in render("slowfast-table2", tmp_path, CONFIGS).splitlines()
+               if "20.10" in line)
+    assert "trained on 227,062 pairs, the paper on about 18,000,000" in row

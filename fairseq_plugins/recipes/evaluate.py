@@ -85,7 +85,9 @@ def score(generate_out: str, data: Path, subset: str, out_dir: Path, tokenize: O
     detok = bleu(detokenized, references, tokenize or default_tokenize(tgt), lowercase)
     tok = bleu(tokenized, ref_tok, "none", lowercase)
     test_set = meta.get("origins", {}).get(subset, f"{meta['corpus']} {subset} (prepared by fairseq-plugins-prepare-data)")
-    return {"sentences": len(references), "test_set": test_set,
+    trained = {"training_pairs": meta["sentences"]["train"], "paper_training_pairs": meta["paper_training_pairs"]} \
+        if "paper_training_pairs" in meta else {}
+    return {"sentences": len(references), "test_set": test_set, **trained,
             "sacrebleu": detok["score"], "sacrebleu_signature": detok["signature"],
             "tokenized": tok["score"], "tokenized_signature": tok["signature"]}
 
