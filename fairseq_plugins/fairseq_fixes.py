@@ -527,6 +527,94 @@ FIXES = (
             ),
         ),
     ),
+    Fix(
+        name="cpu_distributed_gloo",
+        why=(
+            "`--cpu` with several processes (--distributed-world-size N, torchrun) keeps the "
+            "default backend, NCCL, which needs GPUs: a 71-line traceback ending in 'Distributed "
+            "package doesn't have NCCL built in'. On CPU, pick gloo and say so."
+        ),
+        edits=(
+            TextEdit(
+                _DIST,
+                "def call_main(cfg: FairseqConfig, main, **kwargs):\n"
+                "    if cfg.distributed_training.distributed_init_method is None:\n",
+                "def call_main(cfg: FairseqConfig, main, **kwargs):\n"
+                "    # fairseq_plugins: NCCL needs GPUs; CPU processes talk through gloo\n"
+                '    if cfg.common.cpu and cfg.distributed_training.distributed_backend == "nccl":\n'
+                '        cfg.distributed_training.distributed_backend = "gloo"\n'
+                '        if cfg.distributed_training.distributed_world_size > 1 or "WORLD_SIZE" in os.environ:\n'
+                '            logger.info("--cpu: distributed backend gloo (NCCL needs GPUs)")\n'
+                "    if cfg.distributed_training.distributed_init_method is None:\n",
+            ),
+        ),
+    ),
+    Fix(
+        name="decode_half_precision",
+        why=(
+            "fairseq-generate and fairseq-interactive on CPU run --fp16 in float16 without a word "
+            "(slow there, and not what training allows), and ignore --bf16 everywhere (0.12.2 "
+            "decodes bfloat16 nowhere). Refuse both before loading the model, as training does."
+        ),
+        edits=tuple(
+            TextEdit(
+                path,
+                "    use_cuda = torch.cuda.is_available() and not cfg.common.cpu\n\n",
+                "    use_cuda = torch.cuda.is_available() and not cfg.common.cpu\n"
+                "    # fairseq_plugins: half precision that cannot be honoured here is refused\n"
+                "    if cfg.common.fp16 and not use_cuda:\n"
+                '        raise ValueError("--fp16 needs a CUDA GPU; on CPU, decode in float32: drop the flag")\n'
+                "    if cfg.common.bf16:\n"
+                '        raise ValueError("--bf16: fairseq 0.12.2 does not decode in bfloat16 (the flag would be "\n'
+                '                         "ignored); drop it, or use --fp16 on a GPU")\n\n',
+            )
+            for path in ("fairseq_cli/generate.py", "fairseq_cli/interactive.py")
+        ),
+    ),
+    Fix(
+        name="hub_task_encoders",
+        why=(
+            "fairseq-interactive builds its tokenizer and BPE through the task "
+            "(task.build_tokenizer/build_bpe), so a task can protect its own markup (the document "
+            "task's sentence separator <s>); the hub interface builds them directly and so "
+            "tokenizes such input differently. Build them through the task, as the CLIs do."
+        ),
+        edits=(
+            TextEdit(
+                "fairseq/hub_utils.py",
+                "        self.tokenizer = encoders.build_tokenizer(cfg.tokenizer)\n"
+                "        self.bpe = encoders.build_bpe(cfg.bpe)\n",
+                "        # fairseq_plugins: through the task, as fairseq-interactive does\n"
+                "        self.tokenizer = task.build_tokenizer(cfg.tokenizer)\n"
+                "        self.bpe = task.build_bpe(cfg.bpe)\n",
+            ),
+        ),
+    ),
+    Fix(
+        name="user_dir_imported_before",
+        why=(
+            "from_pretrained(..., user_dir=PATH) after `from plugin.models.x import XModel` finds "
+            "the plugin package already imported and skips importing its tasks/ and models/ "
+            "folders, so a task of the plugin is unknown ('unknown task ... user_dir=PATH') although "
+            "user_dir was given. Import those folders in that case too (importing twice is a no-op)."
+        ),
+        edits=(
+            TextEdit(
+                "fairseq/utils.py",
+                "            elif module_path in sys.modules[module_name].__path__:\n"
+                '                logger.info(f"--user-dir={module_path} has already been imported.")\n',
+                "            elif module_path in sys.modules[module_name].__path__:\n"
+                "                # fairseq_plugins: imported by the user (say, for a model class), its\n"
+                "                # tasks and models may not be registered yet\n"
+                "                from fairseq.models import import_models\n"
+                "                from fairseq.tasks import import_tasks\n"
+                "\n"
+                '                for folder, register in (("tasks", import_tasks), ("models", import_models)):\n'
+                "                    if os.path.exists(os.path.join(module_path, folder)):\n"
+                '                        register(os.path.join(module_path, folder), f"{module_name}.{folder}")\n',
+            ),
+        ),
+    ),
 )
 
 

@@ -150,3 +150,20 @@ def test_train_generate_interactive(tiny_data_bin, tmp_path, arch):
     assert "H-0" in result["generate_out"]
     assert result["bleu"] >= 0.0
     assert "H-0" in result["interactive_out"] and "H-1" in result["interactive_out"]
+
+
+def _relative_position_parameters(model):
+    return sum(p.numel() for name, p in model.named_parameters() if name.endswith("rel_key"))
+
+
+def test_graph_k_past_the_longest_sequence_is_refused_with_the_bound_and_its_cost(tmp_path):
+    """k >= the longest sequence - 1 is dense attention; more only grows the relative-position table."""
+    positions = ["--max-target-positions", "64"]
+    at_bound = _relative_position_parameters(build(tmp_path, "bpt_transformer", ["--graph-k", "63", *positions])[1])
+    at_4 = _relative_position_parameters(build(tmp_path, "bpt_transformer", ["--graph-k", "4", *positions])[1])
+    with pytest.raises(ValueError) as err:
+        build(tmp_path, "bpt_transformer", ["--graph-k", "5000", *positions])
+    message = str(err.value)
+    assert "--graph-k 5000 is beyond what can help: at k = 63" in message and "dense attention" in message
+    assert f"({at_bound:,} at k 63, {at_4:,} at the paper's k 4)" in message  # the real models' tables
+    assert "1,920,576 parameters here" in message  # (1 + 2 * 5001 * 3 + 2) types x 16 per head x 4 layers

@@ -92,3 +92,26 @@ def test_mismatched_sides_are_rejected():
         DocumentPairDataset(src, Sentences([[4, 2]]), d, d, docids, 5)
     with pytest.raises(ValueError, match="document ids"):
         DocumentPairDataset(src, tgt, d, d, docids[:-1], 5)
+
+
+@pytest.mark.parametrize("config", ["bpt/table6_bpt_k4_l128", "bpt/table6_transformer_l128",
+                                    "bpt/table6_transformer_aligned_l128", "bpt/table6_bpt_k8_l32"])
+def test_table_configs_batch_the_papers_128_samples_at_every_context_length(config):
+    """BPT Table 10: 128 samples per batch; a sample counts its whole context window, so a token
+    budget would hold fewer at large l (about 55 at l = 128 with 8192 tokens)."""
+    from fairseq_plugins.recipes.config import load_config, train_options
+
+    cfg = load_config(config)
+    train = train_options(cfg, world_size=cfg["gpus"])
+    d = Dictionary()
+    for w in range(200):
+        d.add_symbol(f"w{w}")
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(10, 40, size=1200)  # IWSLT-like sentences, 120-sentence talks
+    src = Sentences([list(rng.integers(d.nspecial, len(d), size=n)) + [d.eos()] for n in lengths])
+    tgt = Sentences([list(rng.integers(d.nspecial, len(d), size=n)) + [d.eos()] for n in lengths])
+    docids = [str(i // 120) for i in range(len(lengths))]
+    ds = DocumentPairDataset(src, tgt, d, d, docids, max_context_tokens=cfg["task"]["context-tokens"])
+    batches = ds.batch_by_size(ds.ordered_indices(), train.get("max-tokens"), train.get("batch-size"))
+    sizes = sorted(len(b) for b in batches)
+    assert sizes[1:] == [128] * (len(sizes) - 1) and sizes[0] == len(lengths) % 128

@@ -71,10 +71,12 @@ def test_reference_context_is_forced_then_cut_from_the_output(trained):
     pad = task.target_dictionary.pad()
     for row in range(len(raw)):
         prefix = context[row][context[row].ne(pad)]
-        full = raw[row][0]["tokens"]
-        assert torch.equal(full[: len(prefix)], prefix)
-        assert torch.equal(hypos[row][0]["tokens"], full[len(prefix):])
-        assert len(hypos[row][0]["positional_scores"]) == len(hypos[row][0]["tokens"])
+        for full in raw[row]:
+            assert torch.equal(full["tokens"][: len(prefix)], prefix)
+        # the same hypotheses, cut after the prefix (and ranked by the current sentence's score)
+        cut = sorted(tuple(full["tokens"][len(prefix):].tolist()) for full in raw[row])
+        assert sorted(tuple(hypo["tokens"].tolist()) for hypo in hypos[row]) == cut
+        assert all(len(hypo["positional_scores"]) == len(hypo["tokens"]) for hypo in hypos[row])
     with pytest.raises(ValueError, match="prefix-size"):
         task.inference_step(generator, models, batch, prefix_tokens=context[:, :1])
 

@@ -1,6 +1,7 @@
 """The edges fairseq users meet: several processes, a missing --user-dir, GPU-only flags on CPU."""
 
 import argparse
+import importlib
 import os
 import sys
 import subprocess
@@ -43,9 +44,11 @@ def test_two_cpu_processes_under_torchrun_train_in_lockstep(tiny_data_bin, tmp_p
 
 @pytest.mark.slow
 def test_fairseq_spawns_one_process_per_rank_on_cpu(tiny_data_bin, tmp_path):
-    """`--distributed-world-size 2 --cpu`: fairseq's own spawn, no launcher."""
-    log = train(tiny_data_bin, tmp_path, "bpt_transformer", ["--distributed-world-size", "2", *DISTRIBUTED_CPU],
+    """`--distributed-world-size 2 --cpu`: fairseq's own spawn, no launcher; the backend is
+    left to its default (NCCL, which needs GPUs), so gloo is picked and said."""
+    log = train(tiny_data_bin, tmp_path, "bpt_transformer", ["--distributed-world-size", "2", "--ddp-backend", "c10d"],
                 max_update=3).stdout  # fmt: skip
+    assert "--cpu: distributed backend gloo (NCCL needs GPUs)" in log, log[-3000:]
     assert "distributed init (rank 0)" in log and "distributed init (rank 1)" in log, log[-3000:]
     assert "training on 2 devices" in log and "done training" in log, log[-3000:]
 
@@ -83,6 +86,22 @@ def _trainer(data_bin, *flags):
 def test_fp16_on_cpu_is_refused_before_training(tiny_data_bin):
     with pytest.raises(ValueError, match="--fp16 needs a CUDA GPU; on CPU, train in float32"):
         _trainer(tiny_data_bin, "--fp16")
+
+
+@pytest.mark.parametrize("command", ["generate", "interactive"])
+@pytest.mark.parametrize("flag, message", [
+    ("--fp16", "--fp16 needs a CUDA GPU; on CPU, decode in float32"),
+    ("--bf16", "--bf16: fairseq 0.12.2 does not decode in bfloat16"),
+])  # fmt: skip
+def test_half_precision_decoding_on_cpu_is_refused_before_loading(command, flag, message):
+    """fairseq-generate/-interactive would run --fp16 in float16 on CPU and ignore --bf16."""
+    module = importlib.import_module(f"fairseq_cli.{command}")
+    interactive = command == "interactive"
+    parser = options.get_interactive_generation_parser() if interactive else options.get_generation_parser()
+    folder = FIXTURES / "bpt_transformer"
+    args = options.parse_args_and_arch(parser, [str(folder), "--path", str(folder / "checkpoint.pt"), "--cpu", flag])
+    with pytest.raises(ValueError, match=message):
+        module.main(convert_namespace_to_omegaconf(args))
 
 
 @pytest.mark.parametrize("flag", ["--bf16", "--memory-efficient-bf16"])

@@ -103,6 +103,19 @@ def test_update_freq_keeps_the_papers_batch():
     assert config_mod.scaled_update_freq(cfg, 3) == 6  # rounded up: at least the paper's batch
 
 
+def test_more_devices_than_the_papers_batches_share_one_batch():
+    """An IWSLT config (one GPU) on 8 GPUs: each takes an eighth of the batch, not 8x the paper's."""
+    cfg = {"name": "x", "gpus": 1, "train": {"max-tokens": 4096, "batch-size": 128}}
+    assert config_mod.train_options(cfg, 8) == {"max-tokens": 512, "batch-size": 16, "update-freq": 1}
+    assert config_mod.train_options(cfg, 3) == {"max-tokens": 1365, "batch-size": 42, "update-freq": 1}
+    assert config_mod.train_options(cfg, 1) == {"max-tokens": 4096, "batch-size": 128, "update-freq": 1}
+    assert config_mod.train_options(cfg, 8, update_freq=2)["max-tokens"] == 4096  # asked for: as given
+    doubled = {"name": "x", "gpus": 2, "train": {"max-tokens": 4096, "update-freq": 2}}
+    assert config_mod.train_options(doubled, 8) == {"max-tokens": 2048, "update-freq": 1}
+    with pytest.raises(ConfigError, match=r"the paper's batch \(1 x --batch-size 2\) cannot be split over 4 devices"):
+        config_mod.train_options({"name": "x", "gpus": 1, "train": {"batch-size": 2}}, 4)
+
+
 def test_bad_configs_are_rejected(tmp_path):
     good = yaml.safe_load(Path(config_mod.CONFIG_DIR / "bpt" / "table7_transformer.yaml").read_text())
     for change, message in [({"arch": None}, "must be a str"), ({"typo": 1}, "unknown key"),
@@ -155,3 +168,15 @@ def test_target_context_of_a_config_and_its_overrides():
     doc = by_name["bpt/table6_bpt_k4_l32"]
     assert config_mod.target_context(doc) == "translations"
     assert config_mod.target_context(doc, ["--beam", "2", "--target-context", "oracle-reference"]) == "oracle-reference"
+
+
+def test_results_table_says_when_a_row_trained_on_less_data_than_the_paper(tmp_path):
+    import json
+
+    (tmp_path / "slowfast").mkdir()
+    (tmp_path / "slowfast" / "table2_transformer_big.json").write_text(json.dumps(
+        {"tokenized": 20.1, "tokenized_signature": "tok:none", "test_set": "sacrebleu -t wmt17 -l zh-en",
+         "training_pairs": 227_062, "paper_training_pairs": 18_000_000}))
+    row = next(line for line in render("slowfast-table2", tmp_path, CONFIGS).splitlines()
+               if "20.10" in line)
+    assert "trained on 227,062 pairs, the paper on about 18,000,000" in row

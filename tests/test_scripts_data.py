@@ -107,8 +107,9 @@ WMT_SETS = {
 
 @pytest.mark.parametrize("corpus", sorted(WMT_SETS))
 def test_wmt_recipes_take_dev_and_test_sets_from_sacrebleu(tmp_path, corpus):
+    small = ["--allow-less-training-data"] if corpus.startswith("wmt17-zh-en") else []  # the fixture's 36 pairs
     out, meta = _prepare_in_process_of_its_own(tmp_path, corpus, "--raw-dir", str(WMT), "--bpe-merges", "40",
-                                               "--no-binarize")
+                                               "--no-binarize", *small)
     src, tgt = meta["source_lang"], meta["target_lang"]
     for split, expected in zip(("valid", "test"), WMT_SETS[corpus]):
         if expected is None:
@@ -133,9 +134,25 @@ def test_wmt_recipes_take_dev_and_test_sets_from_sacrebleu(tmp_path, corpus):
 ])
 def test_chinese_source_is_segmented_before_bpe(tmp_path, corpus, expected):
     out, meta = _prepare_in_process_of_its_own(tmp_path, corpus, "--raw-dir", str(WMT), "--bpe-merges", "40",
-                                               "--no-binarize")
+                                               "--no-binarize", "--allow-less-training-data")
     assert meta["zh_segmentation"] == corpus.removeprefix("wmt17-zh-en-").replace("wmt17-zh-en", "jieba")
     assert _lines(out / "text" / "test.zh")[1].replace("@@ ", "") == expected
+
+
+def test_zh_en_on_news_commentary_alone_is_refused_with_its_pair_count(tmp_path):
+    """TranSFormer trained Zh-En on about 18M pairs; News Commentary alone is about 1/80 of it."""
+    args = [sys.executable, "-m", "fairseq_plugins.recipes.prepare_data", "wmt17-zh-en", "--raw-dir", str(WMT),
+            "--bpe-merges", "40", "--no-binarize", "--out", str(tmp_path / "o")]
+    env = sacrebleu_env(tmp_path)
+    refused = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True)
+    assert refused.returncode == 1 and refused.stderr.startswith(
+        "wmt17-zh-en: 36 training pairs (news-commentary-v12.zh-en), about 1/500000 of the 18,000,000 the paper")
+    assert "--extra-parallel PREFIX" in refused.stderr and "--allow-less-training-data" in refused.stderr
+    assert not (tmp_path / "o").exists()  # refused before writing anything
+    subprocess.run(args + ["--allow-less-training-data"], cwd=REPO, env=env, check=True, capture_output=True)
+    meta = json.loads((tmp_path / "o" / "prep.json").read_text())
+    assert meta["paper_training_pairs"] == 18_000_000 and meta["sentences"]["train"] <= 36
+    assert meta["training_corpora"] == ["news-commentary-v12.zh-en"]
 
 
 def test_missing_sacrebleu_test_set_names_what_to_do(tmp_path):

@@ -30,21 +30,32 @@ def multi30k_bin(tmp_path_factory):
                                  limit=300, test_limit=20)
 
 
-def _fake_checkpoint(path: Path, value: float, step: int):
+def _fake_checkpoint(path: Path, value: float, step: int, updates: int = 0):
     torch.save({"model": {"w": torch.full((2,), value), "version": torch.tensor([step])},
-                "cfg": {"epoch": step}}, path)
+                "cfg": {"epoch": step}, "optimizer_history": [{"num_updates": updates}]}, path)
 
 
 def test_average_last_epochs_numeric_order_and_mean(tmp_path):
     for epoch, value in [(2, 100.0), (9, 1.0), (10, 3.0), (11, 5.0)]:
-        _fake_checkpoint(tmp_path / f"checkpoint{epoch}.pt", value, step=7)
-    _fake_checkpoint(tmp_path / "checkpoint_last.pt", 1000.0, step=7)
+        _fake_checkpoint(tmp_path / f"checkpoint{epoch}.pt", value, step=7, updates=100 * epoch)
+    _fake_checkpoint(tmp_path / "checkpoint_last.pt", 1000.0, step=7, updates=1100)  # = epoch 11's
     out = average_checkpoints.main([str(tmp_path), "--last", "3", "--output", str(tmp_path / "avg.pt")])
     state = torch.load(out, weights_only=False)
     assert torch.equal(state["model"]["w"], torch.full((2,), 3.0))  # mean of epochs 9, 10, 11
     assert state["cfg"] == {"epoch": 7} and state["model"]["w"].dtype == torch.float32
     with pytest.raises(FileNotFoundError, match="found 4"):
-        average_checkpoints.last_epoch_checkpoints(tmp_path, 5)
+        average_checkpoints.last_checkpoints(tmp_path, 5)
+
+
+def test_average_includes_a_final_partial_epoch(tmp_path):
+    """--max-update stops inside epoch 12: its state is only in checkpoint_last.pt."""
+    for epoch, value in [(10, 3.0), (11, 5.0)]:
+        _fake_checkpoint(tmp_path / f"checkpoint{epoch}.pt", value, step=7, updates=100 * epoch)
+    _fake_checkpoint(tmp_path / "checkpoint_last.pt", 10.0, step=7, updates=1150)
+    assert [p.name for p in average_checkpoints.last_checkpoints(tmp_path, 2)] == ["checkpoint11.pt",
+                                                                                  "checkpoint_last.pt"]
+    out = average_checkpoints.main([str(tmp_path), "--last", "3", "--output", str(tmp_path / "avg.pt")])
+    assert torch.equal(torch.load(out, weights_only=False)["model"]["w"], torch.full((2,), 6.0))
 
 
 def test_average_rejects_differing_integer_buffers(tmp_path):

@@ -245,6 +245,7 @@ ABLATIONS = [
     dict(unidirectional_fusion=True),
     dict(fast_boundaries="none"),
     dict(no_boundary_pe=True),
+    dict(boundary_pe_scope="window"),
     dict(slowfast_interaction_layers="last"),
     dict(fast_input="subword"),
     dict(fast_self_attention="linear", fast_linear_attention_length=4),
@@ -369,3 +370,18 @@ def test_bad_options_are_refused():
         build_model(d, no_fast_branch=True, slowfast_encoder_output="fast")
     with pytest.raises(ValueError, match="interaction layers"):
         build_model(d, slowfast_interaction_layers="top5")
+
+
+def test_vanilla_relative_pe_relates_characters_across_words():
+    """Table 5 #5 compares with Shaw's window (Figure 4a): same weights, only the band differs,
+    so a sentence of several words encodes differently, and a one-character word alone does not."""
+    d = _dictionary()
+    torch.manual_seed(0)
+    word = build_model(d).eval()
+    torch.manual_seed(0)
+    window = build_model(d, boundary_pe_scope="window").eval()
+    window.load_state_dict(word.state_dict())
+    several = _batch(d, ["a swi@@ ss bicy@@ cle runs"])
+    assert not torch.allclose(word.encoder(several)["encoder_out"][0], window.encoder(several)["encoder_out"][0])
+    with pytest.raises(ValueError, match="--boundary-pe-scope 'sentence': choose from word, window"):
+        build_model(d, boundary_pe_scope="sentence")

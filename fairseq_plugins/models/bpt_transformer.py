@@ -261,10 +261,33 @@ def validate_graph_options(cfg) -> None:
     if cfg.graph_kind == "segtree" and cfg.graph_k != 1:
         raise ValueError(f"--graph-k {cfg.graph_k}: SegTree's graph has k = 1 by definition (use bpt_transformer "
                          f"for other k)")
+    check_graph_k_helps(cfg)
     check_choice(cfg, "graph_sides", GRAPH_SIDES)
     check_choice(cfg, "graph_token_positions", TOKEN_POSITIONS)
     check_choice(cfg, "graph_cross_attention", CROSS_ATTENTION_FROM)
     check_choice(cfg, "graph_attention_backend", GRAPH_ATTENTION_BACKENDS)
+
+
+def check_graph_k_helps(cfg) -> None:
+    """k past the longest sequence is dense attention that only grows the relative-position
+    table (``k + 1`` slots per side and level: ``head_dim`` parameters per type and graph layer)."""
+    sides = {"encoder": (cfg.encoder, cfg.max_source_positions), "decoder": (cfg.decoder, cfg.max_target_positions)}
+    graph_sides = [side for side in sides if cfg.graph_sides in (side, "both")]
+    bound = max(sides[side][1] for side in graph_sides) - 1
+    if cfg.graph_k <= bound:
+        return
+    per_type = sum(sides[side][0].layers * sides[side][0].embed_dim // sides[side][0].attention_heads
+                   for side in graph_sides)
+
+    def table(k):
+        return TreeGraphSpec(cfg.graph_kind, k, cfg.graph_rel_clip, False).types.num_types * per_type
+
+    raise ValueError(
+        f"--graph-k {cfg.graph_k} is beyond what can help: at k = {bound} (the longest sequence, "
+        f"--max-source/target-positions, minus one) every token already sees all the others at level 0, i.e. "
+        f"dense attention; a larger k only grows the relative-position embeddings, to {table(cfg.graph_k):,} "
+        f"parameters here ({table(bound):,} at k {bound}, {table(4):,} at the paper's k 4). Use --graph-k <= {bound}"
+    )
 
 
 def graph_defaults(args, k: int, clip: int):

@@ -43,6 +43,7 @@ ENCODER_OUTPUTS = ("slow", "fast", "both")
 FAST_INPUTS = ("char", "subword", "sentencepiece")
 FAST_BOUNDARIES = ("word", "random", "none")
 FAST_SELF_ATTENTIONS = ("full", "linear")
+BOUNDARY_PE_SCOPES = ("word", "window")
 SUBWORD_STYLES = ("auto", "bpe", "sentencepiece")
 
 
@@ -85,6 +86,10 @@ class SlowFastConfig(PluginTransformerConfig):
     no_boundary_pe: bool = field(default=False, metadata={
         "help": "no boundary-wise relative positions in the fast branch (Table 5 #5)"})
     boundary_pe_window: int = field(default=3, metadata={"help": "relative window k of the boundary PE (paper: 3)"})
+    boundary_pe_scope: ChoiceEnum(BOUNDARY_PE_SCOPES) = field(default="word", metadata={
+        "help": "what the fast branch's relative window covers: word = the character's own word (the paper's "
+                "boundary-wise PE), window = every character within k (vanilla relative PE, Shaw et al. 2018: "
+                "Table 5 #5, Figure 4a)"})
     fast_self_attention: ChoiceEnum(FAST_SELF_ATTENTIONS) = field(default="full", metadata={
         "help": "fast branch self-attention: full, or linear (Linformer, no boundary PE) (Table 5 #6)"})
     fast_linear_attention_length: int = field(default=64, metadata={
@@ -188,7 +193,7 @@ class SlowFastEncoder(TransformerEncoderBase):
     ``fast_attention_heads``, ``fast_input``, ``fast_sentencepiece_model``,
     ``subword_style``, ``fast_max_characters``, ``slowfast_fusion``,
     ``slowfast_encoder_output``, ``unidirectional_fusion``, ``fast_boundaries``,
-    ``no_boundary_pe``, ``boundary_pe_window``, ``fast_self_attention``,
+    ``no_boundary_pe``, ``boundary_pe_window``, ``boundary_pe_scope``, ``fast_self_attention``,
     ``fast_linear_attention_length``, ``fast_linear_attention_max_length``,
     ``slowfast_interaction_layers``.
     """
@@ -208,6 +213,7 @@ class SlowFastEncoder(TransformerEncoderBase):
         self.fast_boundaries = cfg.fast_boundaries
         self.max_fast_groups = 4  # sub-batches of similar length the fast branch runs in (length_groups)
         self.boundary_pe_window = boundary_pe_window(cfg)
+        self.boundary_pe_within_words = cfg.boundary_pe_scope == "word" and cfg.fast_boundaries != "none"
         self.output = cfg.slowfast_encoder_output
 
         if self.fast_input == "char":
@@ -282,6 +288,7 @@ class SlowFastEncoder(TransformerEncoderBase):
             fast_input=FAST_INPUTS,
             fast_self_attention=FAST_SELF_ATTENTIONS,
             fast_boundaries=FAST_BOUNDARIES,
+            boundary_pe_scope=BOUNDARY_PE_SCOPES,
             slowfast_fusion=FUSION_METHODS,
             slowfast_encoder_output=ENCODER_OUTPUTS,
         )
@@ -313,7 +320,7 @@ class SlowFastEncoder(TransformerEncoderBase):
         graph = WordGraph(word_ids) if self.fast_boundaries != "none" else None
         band = None
         if self.boundary_pe_window is not None:
-            band = boundary_band(word_ids, self.boundary_pe_window, restrict_to_word=self.fast_boundaries != "none")
+            band = boundary_band(word_ids, self.boundary_pe_window, restrict_to_word=self.boundary_pe_within_words)
         return FastGroup(index, tokens, mask if mask.any() else None, graph, band, subword_ids)
 
     def forward_fast_embedding(self, tokens, padding_mask: Optional[torch.Tensor]):

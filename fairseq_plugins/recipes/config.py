@@ -138,19 +138,41 @@ def run_key(cfg: Dict[str, Any]) -> str:
 
 
 def scaled_update_freq(cfg: Dict[str, Any], world_size: int) -> int:
-    """Keep the paper's tokens per update on ``world_size`` devices instead of ``gpus``."""
+    """Keep the paper's tokens per update on ``world_size`` devices instead of ``gpus`` (at least
+    1: on more devices than the paper's batches per update, ``train_options`` shrinks the batch)."""
     base = int(cfg["train"].get("update-freq", 1))
     return max(1, math.ceil(base * cfg["gpus"] / world_size))
 
 
-def train_flags(cfg: Dict[str, Any], world_size: int, update_freq: Optional[int] = None) -> List[str]:
-    """fairseq-train flags of a config, without data dir and save dir; ``update_freq`` (default:
-    the paper's batch kept on ``world_size`` devices) is fairseq's --update-freq."""
+def train_options(cfg: Dict[str, Any], world_size: int, update_freq: Optional[int] = None) -> Dict[str, Any]:
+    """The config's optimisation options on ``world_size`` devices, keeping the paper's batch
+    (``gpus`` x batch x update-freq): fewer devices accumulate more batches per update, more
+    devices than the paper's batches per update each take a share of one batch (--max-tokens
+    and --batch-size divided, rounded down). ``update_freq`` given: exactly that, batch unchanged."""
     if update_freq is not None and update_freq < 1:
         raise ValueError(f"update frequency must be >= 1, got {update_freq}")
-    train = dict(cfg["train"], **{"update-freq": update_freq or scaled_update_freq(cfg, world_size)})
+    train = dict(cfg["train"])
+    per_update = int(train.get("update-freq", 1)) * cfg["gpus"]  # batches per update in the paper
+    if update_freq is not None or per_update >= world_size:
+        train["update-freq"] = update_freq or scaled_update_freq(cfg, world_size)
+        return train
+    train["update-freq"] = 1
+    for key in ("max-tokens", "batch-size"):
+        if key in train and train[key] is not None:
+            share = int(train[key]) * per_update // world_size
+            if share < 1:
+                raise ConfigError(
+                    f"{cfg.get('name', 'config')}: the paper's batch ({per_update} x --{key} {train[key]}) cannot "
+                    f"be split over {world_size} devices; train on at most {per_update * int(train[key])}"
+                )
+            train[key] = share
+    return train
+
+
+def train_flags(cfg: Dict[str, Any], world_size: int, update_freq: Optional[int] = None) -> List[str]:
+    """fairseq-train flags of a config, without data dir and save dir (see ``train_options``)."""
     return ["--user-dir", str(USER_DIR), "--arch", cfg["arch"],
-            *to_flags(cfg["task"]), *to_flags(cfg["model"]), *to_flags(train)]
+            *to_flags(cfg["task"]), *to_flags(cfg["model"]), *to_flags(train_options(cfg, world_size, update_freq))]
 
 
 def generate_flags(cfg: Dict[str, Any]) -> List[str]:

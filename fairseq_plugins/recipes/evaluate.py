@@ -86,7 +86,9 @@ def score(generate_out: str, data: Path, subset: str, out_dir: Path, tokenize: O
     tok = bleu(tokenized, ref_tok, "none", lowercase)
     prepared = f"{meta['corpus']} {subset} (prepared by fairseq-plugins-prepare-data)"
     test_set = meta.get("origins", {}).get(subset, prepared)
-    return {"sentences": len(references), "test_set": test_set,
+    trained = {"training_pairs": meta["sentences"]["train"], "paper_training_pairs": meta["paper_training_pairs"]} \
+        if "paper_training_pairs" in meta else {}
+    return {"sentences": len(references), "test_set": test_set, **trained,
             "sacrebleu": detok["score"], "sacrebleu_signature": detok["signature"],
             "tokenized": tok["score"], "tokenized_signature": tok["signature"]}
 
@@ -100,9 +102,9 @@ def checkpoint_for(cfg, run_dir: Path) -> Path:
     if not averaged.exists():
         import torch  # here: the dry runs of the table scripts need no torch
 
-        from .average_checkpoints import average, last_epoch_checkpoints
+        from .average_checkpoints import average, last_checkpoints
 
-        paths = last_epoch_checkpoints(run_dir, n)
+        paths = last_checkpoints(run_dir, n)
         print("averaging " + ", ".join(p.name for p in paths), flush=True)
         torch.save(average(paths), averaged)
     return averaged

@@ -35,8 +35,26 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override how Chinese is split before BPE (default: the recipe's, jieba)")
     p.add_argument("--extra-parallel", type=Path, action="append", default=[], metavar="PREFIX",
                    help="more training data as PREFIX.{src} / PREFIX.{tgt} (e.g. UN, CWMT)")
+    p.add_argument("--allow-less-training-data", action="store_true",
+                   help="prepare a corpus with fewer training pairs than the paper trained on (e.g. wmt17-zh-en "
+                        "without the UN and CWMT corpora); the pair count is recorded beside every score")
     p.add_argument("--no-binarize", action="store_true", help="stop before fairseq-preprocess")
     return p
+
+
+def check_training_size(corpus: str, pairs: int, recipe, allowed: bool) -> None:
+    """Refuse a corpus far smaller than the paper's training data unless asked for (tables
+    would land several BLEU low without saying why)."""
+    paper = recipe.extra.get("paper_training_pairs")
+    if paper is None or pairs >= paper // 2:
+        return
+    message = (f"{corpus}: {pairs:,} training pairs ({', '.join(recipe.extra['training_corpora'])}), about "
+               f"1/{round(paper / max(pairs, 1))} of the {paper:,} the paper trained on")
+    if not allowed:
+        sys.exit(f"{message}. Add the UN and CWMT corpora (they need a registration) with --extra-parallel PREFIX, "
+                 "or prepare this smaller corpus on purpose with --allow-less-training-data (the pair count is "
+                 "recorded beside every score)")
+    print(f"[prepare] {message}: --allow-less-training-data given", file=sys.stderr, flush=True)
 
 
 def main(argv=None) -> Path:
@@ -44,6 +62,7 @@ def main(argv=None) -> Path:
     if args.raw_dir is not None and not args.raw_dir.is_dir():
         sys.exit(f"--raw-dir {args.raw_dir} is not a directory")
     splits, recipe = CORPORA[args.corpus](args.raw_dir, args.cache_dir, args.extra_parallel)
+    check_training_size(args.corpus, len(splits["train"].src), recipe, args.allow_less_training_data)
     if args.bpe_merges is not None:
         if args.bpe_merges < 1:
             sys.exit("--bpe-merges must be positive")

@@ -31,6 +31,11 @@ def main(argv=None) -> str:
     p.add_argument("--runs-dir", type=Path, default=Path("runs"))
     p.add_argument("--results-dir", type=Path, default=Path("results"))
     p.add_argument("--workers", type=int, default=8, help="data preparation processes")
+    p.add_argument("--extra-parallel", type=Path, action="append", default=[], metavar="PREFIX",
+                   help="more training data for the prepare stage (PREFIX.{src} / PREFIX.{tgt}: WMT17 Zh-En's "
+                        "UN and CWMT corpora)")
+    p.add_argument("--allow-less-training-data", action="store_true",
+                   help="prepare a corpus smaller than the paper's (wmt17-zh-en on News Commentary alone)")
     p.add_argument("--world-size", type=int, help="GPUs per node (default: all visible; 0 = CPU)")
     p.add_argument("--update-freq", type=train.update_freq_arg, default=None, metavar="N|auto",
                    help="fairseq's --update-freq (default auto: the paper's batch on these GPUs)")
@@ -60,6 +65,9 @@ def main(argv=None) -> str:
             cmd = [cfg["data"], "--out", str(data), "--workers", str(args.workers)]
             if args.raw_dir:
                 cmd += ["--raw-dir", str(args.raw_dir)]
+            for prefix in args.extra_parallel:
+                cmd += ["--extra-parallel", str(prefix)]
+            cmd += ["--allow-less-training-data"] * args.allow_less_training_data
             print("  fairseq-plugins-prepare-data " + " ".join(cmd), flush=True)
             if not args.dry_run:
                 prepare_data.main(cmd)

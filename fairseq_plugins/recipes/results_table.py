@@ -70,6 +70,9 @@ def render(table_id: str, results_dir: Path, configs=None) -> str:
             where = f"{col}: " if len(spec["columns"]) > 1 else ""
             notes.append(where + f"{res.get('test_set', 'test set not recorded')}, " + ", ".join(
                 f"{METRIC_NAMES[m]} `{res[f'{m}_signature']}`" for m in metrics))
+            if res.get("training_pairs", 0) < res.get("paper_training_pairs", 0):
+                notes.append(where + f"trained on {res['training_pairs']:,} pairs, the paper on about "
+                             f"{res['paper_training_pairs']:,}")
             if res.get("target_context") in CONTEXT_MARKS:
                 notes.append(where + CONTEXT_MARKS[res["target_context"]])
         lines.append("| " + " | ".join([row, *values, "; ".join(notes)]) + " |")

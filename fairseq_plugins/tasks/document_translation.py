@@ -17,11 +17,13 @@ import torch
 from fairseq import utils
 from fairseq.data import data_utils, indexed_dataset
 from fairseq.dataclass import ChoiceEnum
+from fairseq.sequence_generator import SequenceGenerator
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from fairseq_plugins.data.document_context import read_docids
 from fairseq_plugins.data.document_pair_dataset import DocumentPairDataset
+from fairseq_plugins.data.document_text import SentenceSeparated
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +96,18 @@ class DocumentTranslationTask(TranslationTask):
     def sentence_separator(self) -> int:
         """The token joining the sentences of a sample (see ``document_layout``)."""
         return self.src_dict.bos()
+
+    def build_tokenizer(self, args):
+        """fairseq's tokenizer, applied to each ``<s>``-separated sentence of raw input (it would
+        split the marker and fuse the context into the sentence)."""
+        return self._separated(super().build_tokenizer(args))
+
+    def build_bpe(self, args):
+        """fairseq's BPE, applied to each ``<s>``-separated sentence of raw input."""
+        return self._separated(super().build_bpe(args))
+
+    def _separated(self, encoder):
+        return None if encoder is None else SentenceSeparated(encoder, self.src_dict[self.sentence_separator])
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
         paths = utils.split_paths(self.cfg.data)
@@ -176,10 +190,29 @@ class DocumentTranslationTask(TranslationTask):
         for row, row_hypos in enumerate(hypos):
             for hypo in row_hypos:
                 self._drop_context(hypo, int(n_context[row]))
+            if context is not None and isinstance(generator, SequenceGenerator):
+                self._rescore_current_sentence(row_hypos, generator)
         if split is not None and split in self.translations:
             for sentence, row_hypos in zip(sample["id"].tolist(), hypos):
                 self.translations[split][sentence] = self._as_context(row_hypos[0]["tokens"])
         return hypos
+
+    @staticmethod
+    def _rescore_current_sentence(row_hypos, generator):
+        """Score a hypothesis as sentence-level decoding would: its current sentence's log
+        probability divided by that sentence's length ** --lenpen, then rank again.
+
+        fairseq normalises by the whole output, forced prefix included (60-130 tokens at
+        l = 64/128 against a sentence of about 25), which leaves scores almost unnormalised.
+        Beam search itself ranks by cumulative log probability, which the shared prefix shifts
+        by the same amount for every hypothesis, so only this final score needs the change.
+        """
+        for hypo in row_hypos:
+            score = hypo["positional_scores"].sum()
+            if generator.normalize_scores:
+                score = score / len(hypo["tokens"]) ** generator.len_penalty
+            hypo["score"] = score
+        row_hypos.sort(key=lambda hypo: float(hypo["score"]), reverse=True)
 
     def _as_context(self, tokens):
         """A hypothesis as a context sentence: no </s>, and no separator inside it."""
