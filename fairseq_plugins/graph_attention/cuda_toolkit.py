@@ -18,6 +18,7 @@ from typing import Optional
 import torch
 from torch.utils import cpp_extension
 
+DEFAULT_CUDA_HOME = Path("/usr/local/cuda")  # where torch, too, looks when nvcc is not on PATH
 RUNTIME_LIBRARIES = ("lib64/libcudart.so", "lib/libcudart.so", "targets/x86_64-linux/lib/libcudart.so")
 
 
@@ -45,8 +46,7 @@ def find_cuda_home() -> Optional[Path]:
     nvcc = shutil.which("nvcc")
     if nvcc is not None:
         return nvcc_toolkit(nvcc)
-    default = Path("/usr/local/cuda")
-    return default if (default / "bin" / "nvcc").is_file() else None
+    return DEFAULT_CUDA_HOME if (DEFAULT_CUDA_HOME / "bin" / "nvcc").is_file() else None
 
 
 def toolkit_problem(home: Optional[Path]) -> Optional[str]:
