@@ -35,8 +35,9 @@ def _fake_toolkit(root: Path) -> Path:
 @pytest.fixture
 def clean_env(monkeypatch, tmp_path):
     """No CUDA variables, an empty PATH, no default toolkit, torch's CUDA_HOME restored after."""
-    for variable in ("CUDA_HOME", "CUDA_PATH", "TORCH_CUDA_ARCH_LIST"):
-        monkeypatch.delenv(variable, raising=False)
+    for variable in ("CUDA_HOME", "CUDA_PATH", "TORCH_CUDA_ARCH_LIST"):  # set by the code under test: restored
+        monkeypatch.setenv(variable, "")
+        monkeypatch.delenv(variable)
     monkeypatch.setenv("PATH", str(tmp_path / "empty-path"))
     monkeypatch.setattr(cuda_toolkit, "DEFAULT_CUDA_HOME", tmp_path / "no-cuda")
     monkeypatch.setattr(cpp_extension, "CUDA_HOME", cpp_extension.CUDA_HOME)

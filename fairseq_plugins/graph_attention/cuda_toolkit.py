@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-from torch.utils import cpp_extension
 
 DEFAULT_CUDA_HOME = Path("/usr/local/cuda")  # where torch, too, looks when nvcc is not on PATH
 RUNTIME_LIBRARIES = ("lib64/libcudart.so", "lib/libcudart.so", "targets/x86_64-linux/lib/libcudart.so")
@@ -64,12 +63,16 @@ def toolkit_problem(home: Optional[Path]) -> Optional[str]:
 
 def prepare_build() -> Optional[str]:
     """Point torch's extension build at the toolkit of ``find_cuda_home`` and return why the
-    kernels cannot be built here (None: they can). Needs no GPU."""
+    kernels cannot be built here (None: they can). Needs no GPU. Sets ``CUDA_HOME`` when unset
+    before torch's build module is imported, so that torch's own messages name that toolkit."""
     if torch.version.cuda is None:
         return f"torch {torch.__version__} is a CPU-only build"
     home = find_cuda_home()
     problem = toolkit_problem(home)
     if problem is not None:
         return problem
-    cpp_extension.CUDA_HOME = str(home)  # read by torch's build at call time
+    os.environ.setdefault("CUDA_HOME", str(home))
+    from torch.utils import cpp_extension
+
+    cpp_extension.CUDA_HOME = str(home)  # read by torch's build at call time, even when imported before
     return None
