@@ -137,8 +137,9 @@ def test_tiny_bpt_trains_from_the_install_with_the_cpu_kernel(install):
     out = _python(install, "\n".join([
         "import torch",
         "from fairseq_plugins.graph_attention import cpu_backend, registry",
-        "registry._load_optional_backends()",
-        "print(registry.auto_backend(torch.zeros(2, 2, 8, 16)))",
+        "from fairseq_plugins.graphs.binary_partition import bpt_graph",
+        "graph = bpt_graph(8, 2)",
+        "print(registry.auto_backend(torch.zeros(2, 2, graph.num_nodes, 16), graph))",
         "print(cpu_backend.SOURCE_DIR)",
         "print(cpu_backend.load_extension().__file__)",
     ]))
