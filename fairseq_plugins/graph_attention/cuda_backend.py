@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from fairseq_plugins.graph_attention.cuda_toolkit import prepare_build
 from fairseq_plugins.graph_attention.extension_build import Extension
 from fairseq_plugins.graph_attention.registry import register_backend
 from fairseq_plugins.resources import resource_dir
@@ -44,7 +45,7 @@ EXTENSION = Extension(
     "fairseq_plugins_graph_attention_cuda", "cuda_ext",
     f"torch{torch.__version__}-cuda{torch.version.cuda}", SOURCES, cflags=CXX_FLAGS,
     cuda_cflags=NVCC_FLAGS, include_dirs=(SOURCE_DIR,),
-    requirement=lambda: None if torch.version.cuda else "this torch build has no CUDA support")
+    requirement=prepare_build)
 
 
 def build_directory() -> Path:
