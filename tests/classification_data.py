@@ -74,7 +74,8 @@ def write_tagging(tmp: Path, n_train: int = 160, n_eval: int = 40) -> Path:
     raw = tmp / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     prefixes = {}
-    for split, source, n in (("train", "train", n_train), ("valid", "val", n_eval), ("test", "test_2016_flickr", n_eval)):
+    sources = (("train", "train", n_train), ("valid", "val", n_eval), ("test", "test_2016_flickr", n_eval))
+    for split, source, n in sources:
         lines = sentences(source, n)
         (raw / f"{split}.input0").write_text("".join(s + "\n" for s in lines))
         (raw / f"{split}.label").write_text("".join(" ".join(tags(s)) + "\n" for s in lines))
