@@ -14,6 +14,8 @@ from fairseq_plugins.models.ms_classifier import MultiScaleClassifierModel
 from fairseq_plugins.models.transformer_classifier import TransformerClassifierModel
 from fairseq_plugins.modules.common.pretrained_embeddings import load_pretrained, read_vectors
 from fairseq_plugins.modules.common.sentence_readout import sentence_vector
+from fairseq_plugins.recipes.evaluate_classification import evaluate as evaluate_runs
+from fairseq_plugins.recipes.evaluate_classification import score_checkpoint
 from fairseq_plugins.tasks.tagging_scores import f1, span_counts
 from tests.classification_data import tags, write_classification, write_tagging
 from tests.cli import USER_DIR, run_cli
@@ -171,7 +173,11 @@ def test_classifier_cli_and_hub(arch, sentence_data, tmp_path):
     # 40 updates learn the rule (a person word or not) far above the majority class
     majority = max(0.5, sum(x == "other" for x in (sentence_data.parent / "raw" / "test.label").read_text().split())
                    / 40)
-    assert _accuracy(hub, sentence_data.parent / "raw") > majority
+    accuracy = _accuracy(hub, sentence_data.parent / "raw")
+    assert accuracy > majority
+    # fairseq-plugins-evaluate's scorer (the task's batching over the binarized test set) agrees with the hub
+    scored = score_checkpoint(save / "checkpoint_best.pt", sentence_data)
+    assert scored["accuracy"] == pytest.approx(100 * accuracy)
 
 
 @pytest.mark.slow
@@ -208,6 +214,18 @@ def test_tagger_cli_and_hub(tmp_path):
     assert len(predicted) == len(sentence.split())
     assert set(predicted) <= {"O", "B-PER", "I-PER"}
     assert predicted == tags(sentence) or predicted.count("O") >= 5  # mostly O even when not yet exact
+    # the evaluation command's scorer: token accuracy and span F1 from the same predictions as the hub's
+    raw = tmp_path / "tags" / "raw"
+    gold = [line.split() for line in (raw / "test.label").read_text().splitlines()]
+    pred = [hub.predict_label(line) for line in (raw / "test.input0").read_text().splitlines()]
+    cfg = {"name": "tagging_check", "table": "t", "row": "r", "column": "c", "data": "tiny", "seeds": 2}
+    result = evaluate_runs(cfg, data, [tmp_path / "ckpt" / "checkpoint_best.pt"] * 2, "test", tmp_path / "results")
+    words = sum(map(len, gold))
+    assert result["accuracy"] == pytest.approx(100 * sum(g == p for gs, ps in zip(gold, pred) for g, p in zip(gs, ps))
+                                               / words)
+    assert result["f1"] == pytest.approx(f1(*span_counts(gold, pred)))
+    assert result["f1_std"] == 0.0 and len(result["runs"]) == 2
+    assert (tmp_path / "results" / "tagging_check.json").exists()
 
 
 def test_tagging_rejects_words_without_tags(tmp_path):
