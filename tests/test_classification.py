@@ -241,3 +241,26 @@ def test_tagging_rejects_words_without_tags(tmp_path):
     task = SequenceTaggingTask.setup_task(SequenceTaggingConfig(data=str(data), seed=1))
     with pytest.raises(ValueError, match="sentence 3 has a different number of words and tags"):
         task.load_dataset("train")
+
+
+def test_results_table_renders_accuracy_with_its_deviation_and_tagging_rows(tmp_path):
+    import json
+
+    from fairseq_plugins.recipes.config import all_configs
+    from fairseq_plugins.recipes.results_table import render
+
+    configs = all_configs()
+    bpt = next(c for c in configs if c["name"] == "classification/bpt/table1_bpt_sst5")
+    (tmp_path / "classification" / "bpt").mkdir(parents=True)
+    (tmp_path / f"{bpt['name']}.json").write_text(json.dumps(
+        {"accuracy": 51.234, "accuracy_std": 0.5, "test_set": "sst5-phrases test",
+         "accuracy_signature": "mean of 10 run(s), standard deviation 0.50"}))
+    text = render("bpt-table1", tmp_path, configs)
+    assert "| BPT | 52.71 | 51.23 | 92.12 | - |" in text and "standard deviation 0.50" in text
+    pos = next(c for c in configs if c["table"] == "ms-table4" and c["data"] == "ptb-pos" and c["arch"] == "ms_tagger")
+    (tmp_path / "tagging").mkdir()
+    (tmp_path / f"{pos['name']}.json").write_text(json.dumps(
+        {"accuracy": 96.5, "test_set": "ptb-pos test", "accuracy_signature": "mean of 1 run(s)"}))
+    row = next(line for line in render("ms-table4", tmp_path, configs).splitlines()
+               if line.startswith("| Multi-Scale Transformer |"))
+    assert "| 97.24 | 96.50 | - | - |" in row  # PTB POS: accuracy ours beside the paper's; no F1 there

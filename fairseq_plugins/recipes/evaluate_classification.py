@@ -21,10 +21,11 @@ TASKS = ("sentence_prediction", "sequence_tagging")
 def _load(checkpoint: Path, data: Path):
     from fairseq import checkpoint_utils
 
-    from .config import USER_DIR
+    import fairseq_plugins.models  # noqa: F401  (registers the plugin, as --user-dir would)
+    import fairseq_plugins.tasks  # noqa: F401
 
-    models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task(
-        [str(checkpoint)], arg_overrides={"data": str(data), "user_dir": str(USER_DIR)})
+    models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)],
+                                                                       arg_overrides={"data": str(data)})
     return models[0].eval(), task
 
 

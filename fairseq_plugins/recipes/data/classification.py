@@ -295,6 +295,8 @@ def _preprocess(text_dir: Path, dest: Path, key: str, splits: List[str], workers
     if exe is None:
         raise RuntimeError("fairseq-preprocess not found on PATH: install fairseq with fairseq-plugins-install-fairseq")
     flags = {"train": "--trainpref", "valid": "--validpref", "test": "--testpref"}
+    if dest.exists():
+        shutil.rmtree(dest)  # a new preparation: fairseq-preprocess refuses an existing dictionary
     cmd = [exe, "--only-source", "--destdir", str(dest), "--workers", str(max(1, workers))]
     for split in splits:
         cmd += [flags[split], str(text_dir / f"{split}.{key}")]
