@@ -40,7 +40,9 @@ def sdist(download: bool = True) -> Path:
     path = cache_dir() / SDIST_NAME
     if not path.exists():
         if not download:
-            raise FileNotFoundError(f"{path} is missing: run fairseq-plugins-install-fairseq (it downloads and builds fairseq)")
+            raise FileNotFoundError(
+                f"{path} is missing: run fairseq-plugins-install-fairseq (it downloads and builds fairseq)"
+            )
         path.parent.mkdir(parents=True, exist_ok=True)
         print(f"[build] downloading {SDIST_NAME} from PyPI", file=sys.stderr)
         _pip("download", "-q", "--no-deps", "--no-binary", "fairseq", "-d", str(path.parent),

@@ -423,6 +423,110 @@ FIXES = (
             ),
         ),
     ),
+    Fix(
+        name="tensorboardx_import_message",
+        why=(
+            "`import fairseq` imports the text_to_speech task, which looks only for tensorboardX and "
+            "logs 'Please install tensorboardX' on every command, although torch's own writer (what "
+            "the progress bar uses for --tensorboard-logdir) is installed. Take torch's writer first, "
+            "as the progress bar does, and say nothing at import: the progress bar already warns "
+            "when --tensorboard-logdir is given and no writer is installed."
+        ),
+        edits=(
+            TextEdit(
+                "fairseq/tasks/text_to_speech.py",
+                "try:\n"
+                "    from tensorboardX import SummaryWriter\n"
+                "except ImportError:\n"
+                '    logger.info("Please install tensorboardX: pip install tensorboardX")\n'
+                "    SummaryWriter = None\n",
+                "try:  # fairseq_plugins: torch's writer first, as fairseq/logging/progress_bar.py\n"
+                "    from torch.utils.tensorboard import SummaryWriter\n"
+                "except ImportError:\n"
+                "    try:\n"
+                "        from tensorboardX import SummaryWriter\n"
+                "    except ImportError:\n"
+                "        SummaryWriter = None\n",
+            ),
+        ),
+    ),
+    Fix(
+        name="hydra_deprecated_api",
+        why=(
+            "fairseq composes its config with hydra 1.0's API (hydra.experimental, compose(strict=), "
+            "no version_base, a '# @package _group_' header); hydra 1.3 prints five deprecation "
+            "warnings on every command, and fairseq-hydra-train's @hydra.main one more. Use the stable "
+            "API with version_base 1.1 (the behaviour hydra assumed) and unset struct mode as "
+            "strict=False did: the same config, no warnings."
+        ),
+        edits=(
+            TextEdit(
+                "fairseq/dataclass/utils.py",
+                "from hydra.experimental import compose, initialize\n",
+                "from hydra import compose, initialize\n",
+            ),
+            TextEdit(
+                "fairseq/dataclass/utils.py",
+                "    with initialize(config_path=config_path):\n"
+                "        try:\n"
+                '            composed_cfg = compose("config", overrides=overrides, strict=False)\n',
+                "    with initialize(config_path=config_path, version_base=\"1.1\"):\n"
+                "        try:\n"
+                '            composed_cfg = compose("config", overrides=overrides)\n'
+                "            OmegaConf.set_struct(composed_cfg, False)  # fairseq_plugins: was strict=False\n",
+            ),
+            TextEdit("fairseq/config/config.yaml", "# @package _group_\n\n", ""),
+            TextEdit(
+                "fairseq_cli/hydra_train.py",
+                '@hydra.main(config_path=os.path.join("..", "fairseq", "config"), config_name="config")\n',
+                '@hydra.main(config_path=os.path.join("..", "fairseq", "config"), config_name="config", '
+                'version_base="1.1")\n',
+            ),
+        ),
+    ),
+    Fix(
+        name="torch_amp_autocast",
+        why=(
+            "Every training step enters torch.cuda.amp.autocast(...), which torch >= 2.4 deprecates "
+            "with a FutureWarning; torch.autocast('cuda', ...) is the same context."
+        ),
+        edits=(
+            TextEdit(
+                "fairseq/tasks/fairseq_task.py",
+                "            with torch.cuda.amp.autocast(enabled=(isinstance(optimizer, AMPOptimizer))):\n",
+                '            with torch.autocast("cuda", enabled=(isinstance(optimizer, AMPOptimizer))):\n',
+            ),
+        ),
+    ),
+    Fix(
+        name="mha_padding_mask_dtype",
+        why=(
+            "A decoder's self-attention in training passes torch a bool padding mask beside the float "
+            "future mask; torch deprecates the mix ('Support for mismatched key_padding_mask and "
+            "attn_mask is deprecated') and warns on every command that trains the stock decoder. "
+            "Hand torch the float mask it makes of the bool one itself (-inf where padded)."
+        ),
+        edits=(
+            TextEdit(
+                "fairseq/modules/multihead_attention.py",
+                "            else:\n"
+                "                return F.multi_head_attention_forward(\n",
+                "            else:\n"
+                "                # fairseq_plugins: a float padding mask beside a float attn_mask, as torch\n"
+                "                # would make it (-inf where padded); torch deprecates the bool/float mix\n"
+                "                if (\n"
+                "                    key_padding_mask is not None\n"
+                "                    and attn_mask is not None\n"
+                "                    and key_padding_mask.dtype == torch.bool\n"
+                "                    and attn_mask.is_floating_point()\n"
+                "                ):\n"
+                "                    key_padding_mask = torch.zeros_like(\n"
+                "                        key_padding_mask, dtype=attn_mask.dtype\n"
+                '                    ).masked_fill_(key_padding_mask, float("-inf"))\n'
+                "                return F.multi_head_attention_forward(\n",
+            ),
+        ),
+    ),
 )
 
 
@@ -498,7 +602,8 @@ def require_fixed() -> None:
     if missing:
         raise FairseqFixError(
             f"the installed fairseq {installed_fairseq_version()} lacks fixes {missing}: run "
-            "fairseq-plugins-install-fairseq (or scripts/setup.sh in a checkout), which installs fairseq 0.12.2 built with them "
+            "fairseq-plugins-install-fairseq (or scripts/setup.sh in a checkout), which installs fairseq 0.12.2 "
+            "built with them "
             f"({local_version()}); a reinstall of fairseq from PyPI undoes them"
         )
 

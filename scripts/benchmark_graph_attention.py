@@ -104,8 +104,7 @@ def build_step(kind: str, n: int, k: int, tokens: int, backend: str):
                     q, key, v = (split_heads(p(x), heads) for p in (a.q_proj, a.k_proj, a.v_proj))
                     h = a.out_proj(merge_heads(F.scaled_dot_product_attention(q, key, v)))
                 else:
-                    with self.attn.attending(graph):
-                        h, _ = self.attn(x)
+                    h = self.attn(x, graph)
                 x = self.norm1(x + h)
                 return self.norm2(x + self.ffn(x))
 

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import torch
 
-from scripts.benchmark_slowfast import build_batch, build_model, train_step
+from fairseq_plugins.check_gpu.model_update import MODELS, build_model, register_models, train_step
+from scripts.benchmark_slowfast import build_batch
 from scripts.profile_split import median_split, split_table, update_split
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,21 +41,7 @@ SIZES = {  # (model sizes, source tokens per batch)
     "tiny": (dict(encoder_embed_dim=32, encoder_ffn_embed_dim=64, encoder_attention_heads=2,
                   encoder_layers=1), 256),  # the test suite's
 }
-MODELS = {  # name: (arch, options), with the demo's options
-    "transformer": ("transformer", {}),
-    "bpt": ("bpt_transformer", dict(graph_k=4, graph_rel_clip=3)),
-    "segtree": ("segtree_transformer", {}),
-    "transformer_slowfast": ("transformer_slowfast", dict(fast_embed_dim=32, fast_ffn_embed_dim=128)),
-    "ms_transformer": ("ms_transformer", dict(encoder_scale_alpha=0.5)),
-}
 TOP_OPS = 6
-
-
-def register_models() -> None:
-    import fairseq_plugins.models.bpt_transformer  # noqa: F401 (each registers its model)
-    import fairseq_plugins.models.ms_transformer  # noqa: F401
-    import fairseq_plugins.models.segtree_transformer  # noqa: F401
-    import fairseq_plugins.models.transformer_slowfast  # noqa: F401
 
 
 def op_seconds(model, optimizer, batch, pad) -> Counter:
@@ -116,7 +103,8 @@ def table(size: str, run: dict) -> str:
              f"{meta['encoder_embed_dim']}, FFN {meta['encoder_ffn_embed_dim']}, "
              f"{meta['sentences']} sentences / {meta['source_tokens']} source tokens per batch "
              f"(longest {meta['max_source_length']})", "",
-             "| model | s / update | x transformer (median) | range over rounds | ops that grew most (s per update, profiled) |",
+             "| model | s / update | x transformer (median) | range over rounds "
+             "| ops that grew most (s per update, profiled) |",
              "|---|---|---|---|---|"]
     for name, r in run["results"].items():
         extra = ", ".join(f"`{op}` +{seconds:.3f}" for op, seconds in r["extra_ops"]) or "-"

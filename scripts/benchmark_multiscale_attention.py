@@ -106,7 +106,7 @@ def main(argv=None):
                    for _ in range(3))  # fmt: skip
         active = {name: fn for name, fn in fns.items() if name != "masked" or n <= args.masked_max_length}
         times = {name: [] for name in active}
-        for name, fn in active.items():  # warm-up
+        for fn in active.values():  # warm-up
             step(fn, q, k, v)
         for r in range(args.repeats):
             for name, fn in active.items():
@@ -124,7 +124,8 @@ def main(argv=None):
                 row["time_ratio"] = row["seconds"] / dense["seconds"]
                 row["memory_ratio"] = row["saved_bytes"] / dense["saved_bytes"]
                 print(f"  {row['variant']:<45} {row['seconds']:8.4f} s  x{row['time_ratio']:.2f} time  "
-                      f"{row['saved_bytes'] / 2**20:9.1f} MiB  x{row['memory_ratio']:.2f} memory", flush=True)  # fmt: skip
+                      f"{row['saved_bytes'] / 2**20:9.1f} MiB  x{row['memory_ratio']:.2f} memory",
+                      flush=True)  # fmt: skip
     write_outputs(args, device, rows)
 
 
@@ -135,7 +136,8 @@ def write_outputs(args, device, rows):
     cuda = device.type == "cuda"
     lines = ["# Multi-scale window attention vs dense attention\n", f"{setup}.\n",
              "Memory: activations saved for backward" + (" / peak CUDA allocation" if cuda else "") + ".\n",
-             "| n | variant | time (s) | time / dense | saved MiB | memory / dense |" + (" peak CUDA MiB |" if cuda else ""),
+             "| n | variant | time (s) | time / dense | saved MiB | memory / dense |"
+             + (" peak CUDA MiB |" if cuda else ""),
              "|---|---|---|---|---|---|" + ("---|" if cuda else "")]  # fmt: skip
     for row in rows:
         line = (f"| {row['n']} | {row['variant']} | {row['seconds']:.4f} | {row['time_ratio']:.2f} | "

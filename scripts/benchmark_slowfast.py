@@ -22,6 +22,7 @@ from typing import Dict, List, Optional
 
 import torch
 
+from fairseq_plugins.check_gpu.model_update import build_model, train_step
 from fairseq_plugins.recipes.data import multi30k
 from fairseq_plugins.recipes.data.common import locate, read_plain
 
@@ -76,32 +77,6 @@ def build_batch(max_tokens: int, raw_dir: Optional[Path] = None):
         target=data_utils.collate_tokens(tgt, pad_de),
     )
     return dicts, batch
-
-
-def build_model(arch: str, options: dict, size: dict, dicts):
-    import fairseq_plugins.models.transformer_slowfast  # noqa: F401 (registers the model)
-    from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
-
-    parser = argparse.ArgumentParser(argument_default=argparse.SUPPRESS)
-    ARCH_MODEL_REGISTRY[arch].add_args(parser)
-    args = parser.parse_args([])
-    decoder = {k.replace("encoder", "decoder"): v for k, v in size.items()}
-    for k, v in {**size, **decoder, **options, "max_source_positions": 1024, "max_target_positions": 1024}.items():
-        setattr(args, k, v)
-    # the same pre-norm layout for the baseline as for TranSFormer
-    args.encoder_normalize_before = args.decoder_normalize_before = True
-    ARCH_CONFIG_REGISTRY[arch](args)
-    task = argparse.Namespace(source_dictionary=dicts["en"], target_dictionary=dicts["de"])
-    torch.manual_seed(0)
-    return ARCH_MODEL_REGISTRY[arch].build_model(args, task)
-
-
-def train_step(model, optimizer, batch, pad):
-    optimizer.zero_grad()
-    logits, _ = model(batch["src_tokens"], batch["src_lengths"], batch["prev_output_tokens"])
-    loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), batch["target"], ignore_index=pad)
-    loss.backward()
-    optimizer.step()
 
 
 def forward_flops(model, batch) -> int:

@@ -5,10 +5,11 @@ number of updates, several seeds.
     python -m scripts.quality_study --models transformer_postnorm,slowfast_slow_only --seeds 1,2,3
     python -m scripts.quality_study --models slowfast_slow_only --updates 400,1200   # train on
     python -m scripts.quality_study --tiny --out /tmp/qs     # seconds: the test suite's run
+    python -m scripts.quality_study --record benchmarks/quality_study.json --label "..." --machine "..."
 
-Each (model, seed) trains with fairseq-train (``scripts.train``) to every checkpoint of
+Each (model, seed) trains with fairseq-train (``fairseq_plugins.recipes.train``) to every checkpoint of
 ``updates`` in turn, resuming in the same folder, and each checkpoint is translated and
-scored (``scripts.evaluate``: detokenized SacreBLEU on test_2016_flickr). A finished step
+scored (``fairseq_plugins.recipes.evaluate``: detokenized SacreBLEU on test_2016_flickr). A finished step
 is never redone, so an interrupted study continues where it stopped. The report gives,
 per model and checkpoint, the mean and sample standard deviation of SacreBLEU over the
 seeds, the validation loss, the parameters and the time per update relative to the
@@ -25,6 +26,7 @@ import re
 import statistics
 import shutil
 import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -177,19 +179,28 @@ def difference(rows: List[dict], key: str, reference: str, updates: int,
     return {"diff": a["mean"] - b["mean"], "se": math.sqrt(a["std"] ** 2 / a["n"] + b["std"] ** 2 / b["n"])}
 
 
-def comparisons(rows: List[dict], cfg: dict) -> List[str]:
-    """The config's ``comparisons`` (what each pair of rows isolates) as a markdown table of
-    differences of means, at every checkpoint both rows reached."""
+def comparison_records(rows: List[dict], cfg: dict) -> List[dict]:
+    """The config's ``comparisons`` (what each pair of rows isolates): differences of means at
+    every checkpoint both rows reached."""
     out = []
     for c in cfg.get("comparisons", []):
         for updates in sorted({r["updates"] for r in rows}):
             bleu = difference(rows, c["key"], c["reference"], updates)
-            loss = difference(rows, c["key"], c["reference"], updates, "valid_loss")
-            if bleu is None:
-                continue
-            loss_text = "-" if loss is None else f"{loss['diff']:+.3f} ± {loss['se']:.3f}"
-            out.append(f"| {c['key']} - {c['reference']} | {c['isolates']} | {updates} | "
-                       f"{bleu['diff']:+.2f} ± {bleu['se']:.2f} | {loss_text} |")
+            if bleu is not None:
+                out.append({"key": c["key"], "reference": c["reference"], "isolates": c["isolates"],
+                            "updates": updates, "sacrebleu": bleu,
+                            "valid_loss": difference(rows, c["key"], c["reference"], updates, "valid_loss")})
+    return out
+
+
+def comparisons(rows: List[dict], cfg: dict) -> List[str]:
+    """``comparison_records`` as a markdown table."""
+    out = []
+    for c in comparison_records(rows, cfg):
+        bleu, loss = c["sacrebleu"], c["valid_loss"]
+        loss_text = "-" if loss is None else f"{loss['diff']:+.3f} ± {loss['se']:.3f}"
+        out.append(f"| {c['key']} - {c['reference']} | {c['isolates']} | {c['updates']} | "
+                   f"{bleu['diff']:+.2f} ± {bleu['se']:.2f} | {loss_text} |")
     if not out:
         return []
     return ["", "Differences of means (± standard error of the difference, independent seeds):", "",
@@ -247,6 +258,17 @@ def plot(rows: List[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def record(path: Path, label: str, machine: str, rows: List[dict], cfg: dict, command: str) -> None:
+    """Add this study's rows and comparisons to the committed results file ``path``
+    (``benchmarks/quality_study.json``, what ``scripts/readme_results.py`` renders), as a new
+    run after the earlier ones; a run with the same label is replaced."""
+    runs = json.loads(path.read_text(encoding="utf-8"))["runs"] if path.exists() else []
+    entry = {"label": label, "date": time.strftime("%Y-%m-%d"), "machine": machine, "commands": [command],
+             "rows": rows, "comparisons": comparison_records(rows, cfg)}
+    runs = [r for r in runs if r["label"] != label] + [entry]
+    path.write_text(json.dumps({"runs": runs}, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
 def main(argv=None) -> List[dict]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", type=Path, default=CONFIG_DIR / "quality_study.yaml")
@@ -258,7 +280,14 @@ def main(argv=None) -> List[dict]:
     p.add_argument("--parallel", type=int, default=2, help="runs trained side by side")
     p.add_argument("--threads", type=int, default=1, help="threads of each run")
     p.add_argument("--tiny", action="store_true", help="300 pairs, a 32-wide model, 2 and 4 updates, 2 seeds")
+    p.add_argument("--record", type=Path, metavar="JSON",
+                   help="also add the results to this committed file (benchmarks/quality_study.json) as a run "
+                        "named --label on --machine")
+    p.add_argument("--label", help="the run's name in --record (e.g. 'AMD EPYC, C++ CPU kernel')")
+    p.add_argument("--machine", help="the machine in words, for --record (CPU, cores, load, threads per run)")
     args = p.parse_args(argv)
+    if args.record and not (args.label and args.machine):
+        p.error("--record needs --label and --machine")
     cfg = load_study(args.config)
     limits = {}
     if args.tiny:
@@ -288,6 +317,9 @@ def main(argv=None) -> List[dict]:
     (args.out / "quality_study.md").write_text(table, encoding="utf-8")
     (args.out / "quality_study.json").write_text(json.dumps({"rows": rows, "runs": results}, indent=2) + "\n")
     plot(rows, args.out / "quality_study.png")
+    if args.record:
+        command = " ".join(["python -m scripts.quality_study", *(argv if argv is not None else sys.argv[1:])])
+        record(args.record, args.label, args.machine, rows, cfg, command)
     print("\n" + table, flush=True)
     return rows
 

@@ -72,7 +72,8 @@ def run_cli(name: str, *args, timeout: float = 600, input: Optional[str] = None,
 def write_raw_corpus(raw_dir: Path, n_train: int = 200, n_eval: int = 40, max_len: int = 20) -> Path:
     """Tokenized En-De text from the Multi30K fixture: train/valid/test.{en,de}."""
     raw_dir.mkdir(parents=True, exist_ok=True)
-    for split, source, n in (("train", "train", n_train), ("valid", "val", n_eval), ("test", "test_2016_flickr", n_eval)):
+    splits = (("train", "train", n_train), ("valid", "val", n_eval), ("test", "test_2016_flickr", n_eval))
+    for split, source, n in splits:
         pairs = _pairs(source, n, max_len)
         (raw_dir / f"{split}.en").write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
         (raw_dir / f"{split}.de").write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")

@@ -1,34 +1,16 @@
-"""What the fused kernels are checked against, on a GPU or under the CPU host emulation:
-random graphs, the mirror of the kernels' dropout hash, an edge-list reference that takes
-an explicit dropout mask, and the comparison of outputs and every gradient with float64."""
+"""What the fused kernels are checked against under the CPU host emulation: the mirror of
+the kernels' dropout hash, an edge-list reference that takes an explicit dropout mask, and
+the comparison of outputs and every gradient with float64."""
 
 import torch
 
 from fairseq_plugins.graph_attention import cuda_backend
 from fairseq_plugins.graph_attention.registry import graph_attention
-from fairseq_plugins.graphs.attention_graph import AttentionGraph
 
 # max |kernel - float64 reference| allowed, relative to the reference's max magnitude
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 M32 = 0xFFFFFFFF
 GRADIENTS = ("out", "dq", "dk", "dv", "drel")
-
-
-def random_graph(n, degree, num_types, seed=0):
-    """Random CSR with sorted unique keys per row, varying degrees and some empty rows."""
-    gen = torch.Generator().manual_seed(seed)
-    rows, cols = [], []
-    for u in range(n):
-        d = int(torch.randint(0, 2 * degree + 1, (1,), generator=gen)) if u % 7 else 0
-        keys = torch.randperm(n, generator=gen)[: min(d, n)].sort().values
-        rows.append(torch.full_like(keys, u))
-        cols.append(keys)
-    rows, cols = torch.cat(rows), torch.cat(cols)
-    counts = torch.bincount(rows, minlength=n)
-    return AttentionGraph(num_nodes=n, indptr=torch.cat([counts.new_zeros(1), counts.cumsum(0)]),
-                          indices=cols,
-                          edge_type=torch.randint(0, num_types, cols.shape, generator=gen),
-                          num_edge_types=num_types)
 
 
 def run(attention, leaves, grad_out, dtype=None):

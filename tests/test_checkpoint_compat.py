@@ -76,7 +76,8 @@ def write_fixtures() -> None:
         for arch, extra in ARCHS.items():
             save = Path(tmp) / arch
             run_cli(
-                "fairseq-train", data, "--user-dir", USER_DIR, "-s", "en", "-t", "de", "--arch", arch, *MODEL_ARGS, *extra,
+                "fairseq-train", data, "--user-dir", USER_DIR, "-s", "en", "-t", "de",
+                "--arch", arch, *MODEL_ARGS, *extra,
                 "--optimizer", "adam", "--lr", "0.005", "--max-update", "2", "--max-tokens", "800",
                 "--save-dir", save, "--no-save-optimizer-state", "--no-epoch-checkpoints",
                 "--num-workers", "0", "--seed", "1", "--cpu", "--dropout", "0",

@@ -5,10 +5,11 @@ every gradient. Small graphs: an emulated warp costs tens of microseconds per sh
 import pytest
 import torch
 
+from fairseq_plugins.check_gpu.cases import random_graph
 from fairseq_plugins.graph_attention import cuda_backend
 from fairseq_plugins.graphs.binary_partition import bpt_graph, node_present, segtree_graph
 from tests.cuda_ext_emulation import load_emulation
-from tests.cuda_ext_reference import check_against_torch, check_dropout, random_graph, run
+from tests.cuda_ext_reference import check_against_torch, check_dropout, run
 
 # rows longer than this are split across warps in these tests (the default is 256)
 SPLIT = 4

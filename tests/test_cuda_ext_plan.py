@@ -5,9 +5,9 @@ edge type, the transposed CSR matches, and bad index contents are rejected once.
 import pytest
 import torch
 
+from fairseq_plugins.check_gpu.cases import random_graph
 from fairseq_plugins.graph_attention import cuda_backend
 from fairseq_plugins.graphs.binary_partition import bpt_graph
-from tests.cuda_ext_reference import random_graph
 
 
 def check_schedule(schedule, indptr, split, multi_type):

@@ -30,7 +30,8 @@ def test_fixes_module_does_not_need_fairseq_importable():
 @pytest.mark.slow
 def test_setup_twice_changes_nothing():
     def freeze():
-        return subprocess.run([sys.executable, "-m", "pip", "freeze"], capture_output=True, text=True, check=True).stdout
+        pip_freeze = [sys.executable, "-m", "pip", "freeze"]
+        return subprocess.run(pip_freeze, capture_output=True, text=True, check=True).stdout
 
     before = freeze()
     out = subprocess.run(["bash", "scripts/setup.sh"], cwd=REPO, capture_output=True, text=True, check=True).stdout
@@ -103,7 +104,8 @@ def test_every_model_registers_even_when_the_package_was_imported_first():
         f"utils.import_user_module(Namespace(user_dir={str(USER_DIR)!r}));"
         "import fairseq_plugins.tasks;"
         "from fairseq.models import ARCH_MODEL_REGISTRY as archs; from fairseq.tasks import TASK_REGISTRY as tasks;"
-        "missing = {'bpt_transformer', 'segtree_transformer', 'transformer_slowfast', 'ms_transformer', 'bpt_document'} - set(archs);"
+        "missing = {'bpt_transformer', 'segtree_transformer', 'transformer_slowfast', 'ms_transformer',"
+        " 'bpt_document'} - set(archs);"
         "assert not missing, missing; assert 'document_translation' in tasks"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path("/"))

@@ -55,7 +55,7 @@ def test_flex_block_structure_covers_exactly_the_edges():
 def test_flex_rejects_dropout():
     graph = bpt_graph(10, 1)
     q, k, v, _ = _inputs(graph)
-    with pytest.raises(ValueError, match="dropout"):
+    with pytest.raises(RuntimeError, match="'flex' cannot run these inputs: flex_attention has no attention dropout"):
         graph_attention(q, k, v, graph, dropout_p=0.1, backend="flex")
 
 
@@ -65,6 +65,6 @@ def test_cpu_tensors_use_the_torch_backend_and_forcing_cuda_fails_clearly():
                            num_edge_types=1)
     q = torch.randn(1, 1, 3, 32)
     torch.testing.assert_close(graph_attention(q, q, q, graph), q)  # self-loops only
-    assert not cuda_backend.is_available(q)
-    with pytest.raises(RuntimeError, match="'cuda' cannot run"):
+    assert cuda_backend.refuses(q, graph) == "CUDA tensors only, got cpu"
+    with pytest.raises(RuntimeError, match="'cuda' cannot run these inputs: CUDA tensors only"):
         graph_attention(q, q, q, graph, backend="cuda")

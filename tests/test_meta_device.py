@@ -6,11 +6,11 @@ handling without a GPU. Host reads are recorded on a CPU run and replayed
 import pytest
 import torch
 
+from fairseq_plugins.check_gpu.cases import random_graph
 from fairseq_plugins.graph_attention import registry
 from fairseq_plugins.graph_attention.torch_backend import csr_attention, dense_graph_attention
 from fairseq_plugins.graph_attention.torch_tree import tree_block_attention
 from fairseq_plugins.graphs.binary_partition import bpt_graph, node_present
-from tests.cuda_ext_reference import random_graph
 from tests.meta_device import HostReads
 from tests.test_checkpoint_compat import FIXTURES, _batch
 

@@ -151,7 +151,7 @@ def test_cross_attention_from_tokens_leaves_spans_alone(tmp_path, normalize_befo
     for mode in ("tokens", "nodes"):
         _, model = build(tmp_path, "bpt_transformer", "--graph-cross-attention", mode, *norm)
         layer_out = []
-        model.decoder.layers[0].register_forward_hook(lambda _m, _a, out: layer_out.append(out[0]))
+        model.decoder.layers[0].register_forward_hook(lambda _m, _a, out, record=layer_out.append: record(out[0]))
         for seed in (2, 3):
             model.decoder(prev, encoder_out=model.encoder(_tokens(7, seed), src_lengths=torch.tensor([7, 7])))
         first, second = layer_out

@@ -15,9 +15,10 @@ from fairseq_plugins.modules.multiscale.multiscale_attention import (
 )
 
 SCALES = parse_scales("1,3,5,N/4,N/2,all")
+HEADS = len(SCALES)  # one head per scale
 
 
-def _qkv(batch=3, heads=len(SCALES), length=37, dim=8, seed=0):
+def _qkv(batch=3, heads=HEADS, length=37, dim=8, seed=0):
     gen = torch.Generator().manual_seed(seed)
     return [torch.randn(batch, heads, length, dim, generator=gen, dtype=torch.float64) for _ in range(3)]
 

@@ -54,6 +54,25 @@ def test_summary_statistics_and_time_ratio_by_seed():
     assert "absent" not in table  # a comparison with a row that did not run is left out
 
 
+def test_record_adds_a_run_with_rows_and_comparisons_and_replaces_one_of_the_same_label(tmp_path):
+    results = [_result("base", 1, 10.0, 1.0), _result("base", 2, 12.0, 2.0),
+               _result("m", 1, 11.0, 1.5), _result("m", 2, 15.0, 2.0)]
+    rows = quality_study.summarize(results, "base")
+    cfg = {"comparisons": [{"key": "m", "reference": "base", "isolates": "the change"}]}
+    path = tmp_path / "quality_study.json"
+    quality_study.record(path, "machine A", "2 cores", rows, cfg, "python -m scripts.quality_study")
+    quality_study.record(path, "machine B", "4 cores", rows[:1], cfg, "python -m scripts.quality_study --models base")
+    runs = json.loads(path.read_text())["runs"]
+    assert [r["label"] for r in runs] == ["machine A", "machine B"]
+    assert runs[0]["rows"] == json.loads(json.dumps(rows)) and runs[1]["comparisons"] == []
+    (comparison,) = runs[0]["comparisons"]
+    assert (comparison["key"], comparison["reference"], comparison["updates"]) == ("m", "base", 10)
+    assert comparison["sacrebleu"]["diff"] == pytest.approx(2.0)
+    quality_study.record(path, "machine A", "2 cores", rows[1:], cfg, "again")
+    runs = json.loads(path.read_text())["runs"]
+    assert [r["label"] for r in runs] == ["machine B", "machine A"] and runs[1]["commands"] == ["again"]
+
+
 def test_the_study_config_is_valid_and_refuses_unknown_baselines(tmp_path):
     cfg = quality_study.load_study(CONFIG_DIR / "quality_study.yaml")
     assert cfg["baseline"] == "transformer_postnorm" and len(cfg["seeds"]) >= 3
@@ -82,10 +101,15 @@ def test_tiny_study_trains_resumes_scores_and_reports(tmp_path):
     run = tmp_path / "runs" / "slowfast_slow_only" / "seed1"
     assert (run / "checkpoint_2.pt").exists() and (run / "checkpoint_4.pt").exists()
     log = (run / "train.log").read_text()
-    assert log.count("fairseq_cli.train | {") == 2 and "(epoch 1 @ 2 updates)" in log.split("Loaded checkpoint")[1]  # resumed
+    resumed = log.split("Loaded checkpoint")[1]
+    assert log.count("fairseq_cli.train | {") == 2 and "(epoch 1 @ 2 updates)" in resumed
     assert (tmp_path / "quality_study.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = json.loads((tmp_path / "quality_study.json").read_text())
     assert len(saved["runs"]) == 4
-    # a second call finds every result and trains nothing
-    assert quality_study.main(argv) == json.loads(json.dumps(rows))
+    # a second call finds every result and trains nothing; --record adds them to a committed file
+    record = ["--record", str(tmp_path / "recorded.json"), "--label", "tiny", "--machine", "this machine"]
+    assert quality_study.main(argv + record) == json.loads(json.dumps(rows))
     assert (run / "train.log").read_text() == log
+    (recorded,) = json.loads((tmp_path / "recorded.json").read_text())["runs"]
+    assert recorded["label"] == "tiny" and recorded["rows"] == json.loads(json.dumps(rows))
+    assert recorded["commands"] == [" ".join(["python -m scripts.quality_study", *argv, *record])]

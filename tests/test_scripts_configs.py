@@ -9,7 +9,14 @@ import pytest
 import yaml
 
 from fairseq_plugins.recipes import config as config_mod
-from fairseq_plugins.recipes.config import ConfigError, all_configs, generate_flags, load_config, load_tables, train_flags
+from fairseq_plugins.recipes.config import (
+    ConfigError,
+    all_configs,
+    generate_flags,
+    load_config,
+    load_tables,
+    train_flags,
+)
 from fairseq_plugins.recipes.results_table import render, table_configs
 
 CONFIGS = all_configs()

@@ -141,8 +141,8 @@ def test_chinese_source_is_segmented_before_bpe(tmp_path, corpus, expected):
 def test_missing_sacrebleu_test_set_names_what_to_do(tmp_path):
     env = {**sacrebleu_env(tmp_path), "SACREBLEU": str(tmp_path / "empty"), "http_proxy": "http://127.0.0.1:9",
            "https_proxy": "http://127.0.0.1:9"}
-    proc = subprocess.run([sys.executable, "-c", "from fairseq_plugins.recipes.data.sacrebleu_sets import sacrebleu_split; "
-                           "sacrebleu_split('wmt14', 'en-de')"], cwd=REPO, env=env, capture_output=True, text=True)
+    code = "from fairseq_plugins.recipes.data.sacrebleu_sets import sacrebleu_split; sacrebleu_split('wmt14', 'en-de')"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
     assert proc.returncode != 0 and "sacrebleu -t wmt14 -l en-de --echo src" in proc.stderr
 
 

@@ -1,4 +1,4 @@
-"""scripts/tables/*.sh: one per paper table, each a call of scripts.reproduce_table whose GPU and
+"""scripts/tables/*.sh: one per paper table, each a call of fairseq_plugins.recipes.reproduce_table whose GPU and
 distributed settings reach the fairseq-train commands (run here in their --dry-run mode)."""
 
 import math

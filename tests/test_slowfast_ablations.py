@@ -71,7 +71,12 @@ def test_model_with_linear_fast_attention_has_no_boundary_pe_and_trains():
 # --- sentencepiece fast input ------------------------------------------------------------
 
 WORDS = "a swi@@ ss bicy@@ cle the dog runs fast@@ er".split()
-TRAINING_TEXT = ["a man rides a swiss bicycle", "the dog runs faster than the cat", "a swiss dog", "faster bicycles"] * 20
+TRAINING_TEXT = [
+    "a man rides a swiss bicycle",
+    "the dog runs faster than the cat",
+    "a swiss dog",
+    "faster bicycles",
+] * 20
 
 
 def _subword_dictionary():
@@ -124,7 +129,7 @@ def test_words_are_rebuilt_from_subwords_and_segmented_by_the_model(sentencepiec
     positions = dict(zip(range(src.size(1)), src[0].tolist()))
     first_of_word = {0: "a", 1: "swi@@", 2: "bicy@@"}
     subwords = fast.subword_ids[0][~fast.padding_mask[0]].tolist()
-    for word, pieces in enumerate(sizes):
+    for word in range(len(sizes)):
         first = subwords[sum(sizes[:word])]
         assert d[positions[first]] == first_of_word[word]
     assert d[positions[subwords[sum(sizes[:2]) - 1]]] in ("swi@@", "ss")

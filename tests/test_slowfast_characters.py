@@ -30,7 +30,9 @@ BPE = ["A", "swi@@", "ss", "bicy@@", "cle", "a", "b@@", "c", "x", "_"]
 SPM = ["\u2581A", "\u2581swi", "ss", "\u2581bicy", "cle", "\u2581a", "\u2581b", "c", "\u2581x", "\u2581"]
 
 
-@pytest.mark.parametrize("symbols, sentence", [(BPE, "A swi@@ ss bicy@@ cle"), (SPM, "\u2581A \u2581swi ss \u2581bicy cle")])
+@pytest.mark.parametrize(
+    "symbols, sentence", [(BPE, "A swi@@ ss bicy@@ cle"), (SPM, "\u2581A \u2581swi ss \u2581bicy cle")]
+)
 def test_paper_example_for_both_subword_styles(symbols, sentence):
     d = _dictionary(symbols)
     table = SubwordCharacterTable(d)

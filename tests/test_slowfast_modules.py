@@ -162,7 +162,9 @@ def test_cga_narrow_context_path_equals_the_direct_one():
     assert torch.allclose(fast, direct)
     weight = torch.randn_like(fast)
     params = [xs, xf, *cga.parameters()]
-    for a, b in zip(torch.autograd.grad((fast * weight).sum(), params), torch.autograd.grad((direct * weight).sum(), params)):
+    grads = torch.autograd.grad((fast * weight).sum(), params)
+    direct_grads = torch.autograd.grad((direct * weight).sum(), params)
+    for a, b in zip(grads, direct_grads):
         assert torch.allclose(a, b)
     xf = xf.detach().clone()
     xf[-4:, 1] = 1e3  # padding is ignored on both paths

@@ -7,6 +7,8 @@ interpreter, Triton issue 11584). The interpreter is slow (about 10 ms per tile 
 on an idle core): the cases use one head and few programs.
 """
 
+import contextlib
+
 import pytest
 import torch
 
@@ -16,7 +18,7 @@ from fairseq_plugins.graph_attention import triton_aot, triton_backend  # noqa: 
 from fairseq_plugins.graphs.binary_partition import (  # noqa: E402
     bpt_graph, node_present, segtree_graph,
 )
-from tests.graph_fixtures import TILED_GRAPHS, random_tree_graph  # noqa: E402
+from fairseq_plugins.check_gpu.cases import TILED_GRAPHS, random_tree_graph  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not triton_backend.interpreted(),
                                 reason="needs TRITON_INTERPRET=1 (set by conftest without a GPU)")
@@ -266,6 +268,127 @@ def test_bad_inputs_raise():
     (q, k, v, rel), _, _ = inputs(graph, [5], torch.float32)
     with pytest.raises(ValueError, match="dropout_p"):
         graph_attention(q, k, v, graph, rel, dropout_p=1.0, backend="triton")
-    with pytest.raises(RuntimeError, match="'triton' cannot run"):
+    with pytest.raises(RuntimeError, match="'triton' cannot run these inputs: dtypes"):
         graph_attention(q[..., :16], k[..., :16], v[..., :16], graph, rel[:, :16],
                         backend="triton")
+
+
+def test_every_launch_runs_under_a_guard_for_its_tensors_device(monkeypatch):
+    """Triton launches on the current CUDA device: each launch makes its tensors' device
+    current first (on CPU, the guard's argument is checked; a GPU test runs cuda:1)."""
+    launches, guarded = [], []
+
+    @contextlib.contextmanager
+    def recording_guard(tensor):
+        guarded.append(tensor.device)
+        yield
+        guarded.append(None)
+    monkeypatch.setattr(triton_backend, "device_guard", recording_guard)
+    for name in list(triton_backend.KERNELS):
+        monkeypatch.setitem(triton_backend.KERNELS, name, GuardChecker(name, launches, guarded))
+    graph = bpt_graph(9, 1)
+    (q, k, v, rel), _, _ = inputs(graph, [9], torch.float32)
+    graph_attention(q, k, v, graph, rel, backend="triton").sum().backward()
+    assert launches == ["forward", "backward_query", "backward_key"]
+
+
+class GuardChecker(LaunchRecorder):
+    def __init__(self, name, launches, guarded):
+        super().__init__(name, launches)
+        self.guarded = guarded
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            assert self.guarded and self.guarded[-1] == args[0].device  # inside the guard
+            self.launches.append(self.name)
+            return self.kernel[grid](*args, **kwargs)
+        return launch
+
+
+def test_non_contiguous_inputs_match_the_reference():
+    """Views as a model hands them over ([T, B, H, D] transposed to [B, H, T, D])."""
+    graph = bpt_graph(12, 2)
+    (q, k, v, rel), ref, mask = inputs(graph, [12, 7], torch.float32)
+    views = [x.detach().permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3).requires_grad_()
+             for x in (q, k, v)]
+    assert not views[0].is_contiguous()
+    out = graph_attention(*views, graph, rel, mask, backend="triton")
+    expected = graph_attention(*ref[:3], graph, ref[3], mask, backend="torch")
+    assert_close(out, expected, torch.float32, "output")
+    grad = torch.randn(expected.shape)
+    for actual, wanted in zip(torch.autograd.grad(out, views + [rel], grad),
+                              torch.autograd.grad(expected, ref, grad.double())):
+        assert_close(actual, wanted, torch.float32, "gradient")
+
+
+def test_dropout_beyond_the_hash_limit_is_refused_so_auto_falls_back():
+    from fairseq_plugins.graphs.attention_graph import AttentionGraph
+    n = triton_backend.MAX_DROPOUT_NODES + 1
+    graph = AttentionGraph(n, torch.arange(n + 1), torch.arange(n), torch.zeros(n, dtype=torch.long), 1)
+    q = torch.zeros(1, 1, n, 32)
+    assert "at most 65535 nodes" in triton_backend.refuses(q, graph, 0.1)
+    assert triton_backend.refuses(q, graph, 0.0) is None
+
+
+def test_the_self_check_graph_splits_every_kernels_work():
+    """What training at length runs: split query blocks and key blocks for every Triton
+    configuration, split rows for the CUDA kernels (BPT has no key read by over 256 queries)."""
+    from fairseq_plugins.graph_attention import cuda_backend, registry
+    graph = registry.SELF_CHECK_GRAPH()
+    for (kernel, dtype, dim), config in triton_backend.CONFIGS.items():
+        if kernel == "forward":
+            plan = tile_plan.build_plan(graph, config.block_m, config.block_n)
+            assert plan.query_work.num_parts and plan.key_work.num_parts, (dtype, dim)
+    assert cuda_backend.kernel_plan(graph).by_query.num_slots > 0
+
+
+@pytest.fixture
+def small_self_check(monkeypatch):
+    """The self-check on a graph the interpreter runs in seconds, with blocks of at most two
+    tiles, so that it still splits query and key blocks."""
+    from fairseq_plugins.graph_attention import registry
+    monkeypatch.setattr(registry, "SELF_CHECK_TOKENS", 40)
+    monkeypatch.setattr(registry, "SELF_CHECK_GRAPH", lambda: bpt_graph(40, 1))
+    monkeypatch.setattr(tile_plan, "TILES_PER_ITEM", 2)
+    plan = tile_plan.build_plan(bpt_graph(40, 1), *triton_backend.tiles(torch.float32, 32))
+    assert plan.query_work.num_parts and plan.key_work.num_parts
+    return lambda: registry.self_check(triton_backend.triton_graph_attention, "cpu", torch.float32, 32)
+
+
+def test_the_self_check_passes_the_kernels(small_self_check):
+    small_self_check()
+
+
+def test_the_self_check_catches_a_split_block_merge_bug(small_self_check, monkeypatch):
+    def average_the_parts(out, lse, part_out, part_lse, plan):  # ignores the parts' weights
+        work = plan.query_work
+        merged = tile_plan._gather_parts(part_out, work).mean(1)
+        nodes = tile_plan._split_rows(plan, work, True)
+        tile_plan._scatter_rows(out, merged, nodes)
+        tile_plan._scatter_rows(lse, torch.logsumexp(tile_plan._gather_parts(part_lse, work, float("-inf")), 1),
+                                nodes)
+    monkeypatch.setattr(triton_backend, "merge_forward", average_the_parts)
+    with pytest.raises(RuntimeError, match="output differs"):
+        small_self_check()
+
+
+def test_the_self_check_catches_a_backward_that_redraws_the_dropout_mask(small_self_check, monkeypatch):
+    original = triton_backend.TritonGraphAttention.backward
+
+    def another_mask(ctx, grad_out):
+        ctx.seed += 1
+        return original(ctx, grad_out)
+    monkeypatch.setattr(triton_backend.TritonGraphAttention, "backward", staticmethod(another_mask))
+    with pytest.raises(RuntimeError, match="the backward's mask is not the forward's"):
+        small_self_check()
+
+
+def test_the_self_check_catches_dropout_without_its_rescaling(small_self_check, monkeypatch):
+    scalars = triton_backend._scalars
+
+    def no_rescaling(*args):  # kept probabilities not divided by 1 - p
+        *head, _, has_rel = scalars(*args)
+        return (*head, 1.0, has_rel)
+    monkeypatch.setattr(triton_backend, "_scalars", no_rescaling)
+    with pytest.raises(RuntimeError, match="kept probability mass"):
+        small_self_check()

@@ -9,24 +9,27 @@ tiles are three quarters non-edges). No [rows x keys] probabilities are stored, 
 is proportional to the edges, so time and memory grow like n log n at any k. Any
 ``AttentionGraph`` runs, tree-laid or not.
 
-float32 and float64 (the tests compare float64 with the reference to ~1e-12); other dtypes
-use the torch backend. The extension is built on first use or by
-``scripts/build_cpu_ext.py`` into the per-user cache (``extension_build``); a failed build
-warns once and leaves the torch backend in use.
+float32 and float64 (the tests compare float64 with the reference to ~1e-12); float16 and
+bfloat16 inputs (autocast) are computed in float32 and returned in their own dtype. The
+extension is built on first use or by ``scripts/build_cpu_ext.py`` into the per-user cache
+(``extension_build``); under "auto" a failed build fails the self-check (one warning) and
+leaves the torch backend in use.
 """
 
 import hashlib
 import platform
+from typing import Optional, Tuple
 
 import torch
-from torch.autograd.function import once_differentiable
+from torch import Tensor
 
 from fairseq_plugins.graph_attention.extension_build import Extension
 from fairseq_plugins.graph_attention.registry import register_backend
 from fairseq_plugins.resources import resource_dir
 
 SOURCE_DIR = resource_dir("cpu_ext") / "csrc"
-DTYPES = (torch.float32, torch.float64)
+DTYPES = (torch.float32, torch.float64)  # what the kernel computes in
+HALF_DTYPES = (torch.float16, torch.bfloat16)  # computed in float32
 # the build is for the CPU that builds it (the cache folder names the CPU's features): AVX2/AVX-512
 # for the loops over the head dim, which ``#pragma omp simd`` vectorizes (reductions in a
 # fixed lane order); OpenMP, without which at::parallel_for (inline in torch's headers) runs
@@ -57,41 +60,73 @@ def load_extension(verbose: bool = False):
     return EXTENSION.load(verbose)
 
 
-def is_available(query: torch.Tensor) -> bool:
-    """CPU tensors of float32/float64 once the extension builds (and loads)."""
-    return query.device.type == "cpu" and query.dtype in DTYPES and EXTENSION.available()
+def refuses(query: torch.Tensor, graph, dropout_p: float = 0.0):
+    """Why the kernel cannot run these inputs (None: it can): CPU tensors of float32/float64
+    over a square graph. Builds nothing."""
+    if query.device.type != "cpu":
+        return f"CPU tensors only, got {query.device}"
+    if query.dtype not in DTYPES + HALF_DTYPES:
+        return f"float32/float64 (and float16/bfloat16, computed in float32) only, got {query.dtype}"
+    if not graph.square:
+        return "square graphs only (a decoding step's graph runs on the torch backend)"
+    return None
 
 
-class CpuGraphAttention(torch.autograd.Function):
-    """Forward and recomputing backward through the extension."""
+# The kernels as torch.library ops on tensors (the graph's CSR, the dropout seed), with fake
+# implementations: torch.compile traces them without a graph break.
 
-    @staticmethod
-    def forward(ctx, query, key, value, rel_key, key_padding_mask, graph, scale, dropout_p):
-        bsz, heads, num_nodes, dim = query.shape
-        q, k, v = (x.reshape(bsz * heads, num_nodes, dim).contiguous()
-                   for x in (query, key, value))
-        rel = None if rel_key is None else rel_key.to(q.dtype).contiguous()
-        pad = None if key_padding_mask is None else key_padding_mask.to(torch.uint8).contiguous()
-        csr = list(graph.on("cpu", torch.int32))
-        # the dropout seed comes from torch's generator: torch.manual_seed reproduces it
-        seed = int(torch.randint(0, 2**62, ()).item()) if dropout_p > 0 else 0
-        out, lse = load_extension().forward(q, k, v, rel, pad, csr, heads, scale, dropout_p, seed)
-        ctx.save_for_backward(q, k, v, out, lse, rel_key, rel, pad)
-        ctx.csr, ctx.heads = csr, heads
-        ctx.scalars = (scale, dropout_p, seed)  # the backward's trailing kernel arguments
-        return out.view(query.shape)
+@torch.library.custom_op("fairseq_plugins::cpu_graph_attention", mutates_args=())
+def forward_op(q: Tensor, k: Tensor, v: Tensor, rel: Optional[Tensor], pad: Optional[Tensor],
+               indptr: Tensor, indices: Tensor, edge_type: Tensor, heads: int, scale: float,
+               dropout_p: float, seed: Tensor) -> Tuple[Tensor, Tensor]:
+    """q, k, v: contiguous [BH, N, D] float32/float64; rel: [T, D] of their dtype; pad: uint8
+    [B, N]; the CSR as int32; seed: int64 scalar. Returns (out [BH, N, D], lse [BH, N])."""
+    return tuple(load_extension().forward(q, k, v, rel, pad, [indptr, indices, edge_type], heads, scale,
+                                          dropout_p, int(seed)))
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_out):
-        q, k, v, out, lse, rel_key, rel, pad = ctx.saved_tensors
-        shape = grad_out.shape
-        grad_out = grad_out.reshape(q.shape).to(q.dtype).contiguous()
-        grad_q, grad_k, grad_v, grad_rel = load_extension().backward(
-            grad_out, q, k, v, out, lse, rel, pad, ctx.csr, ctx.heads, *ctx.scalars)
-        grad_rel = None if rel_key is None else grad_rel.to(rel_key.dtype)
-        return (grad_q.view(shape), grad_k.view(shape), grad_v.view(shape), grad_rel, None,
-                None, None, None)
+
+@forward_op.register_fake
+def _forward_fake(q, k, v, rel, pad, indptr, indices, edge_type, heads, scale, dropout_p, seed):
+    return torch.empty_like(q), q.new_empty(q.shape[:2])
+
+
+@torch.library.custom_op("fairseq_plugins::cpu_graph_attention_backward", mutates_args=())
+def backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                rel: Optional[Tensor], pad: Optional[Tensor], indptr: Tensor, indices: Tensor,
+                edge_type: Tensor, heads: int, scale: float, dropout_p: float,
+                seed: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(d q, d k, d v, d rel: [T, D], [0, D] without rel), recomputed from ``lse``; the same
+    dropout mask as the forward's (same seed)."""
+    return tuple(load_extension().backward(grad_out, q, k, v, out, lse, rel, pad,
+                                           [indptr, indices, edge_type], heads, scale, dropout_p,
+                                           int(seed)))
+
+
+@backward_op.register_fake
+def _backward_fake(grad_out, q, k, v, out, lse, rel, pad, indptr, indices, edge_type, heads, scale,
+                   dropout_p, seed):
+    grad_rel = q.new_empty((0 if rel is None else rel.size(0), q.size(-1)))
+    return torch.empty_like(q), torch.empty_like(q), torch.empty_like(q), grad_rel
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, rel, pad, indptr, indices, edge_type, heads, scale, dropout_p, seed = inputs
+    ctx.save_for_backward(q, k, v, *output, rel, pad, indptr, indices, edge_type, seed)
+    ctx.scalars = (heads, scale, dropout_p)
+
+
+def _backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse, rel, pad, indptr, indices, edge_type, seed = ctx.saved_tensors
+    heads, scale, dropout_p = ctx.scalars
+    grad_q, grad_k, grad_v, grad_rel = backward_op(
+        grad_out.contiguous(), q, k, v, out, lse, rel, pad, indptr, indices, edge_type, heads, scale,
+        dropout_p, seed)
+    return (grad_q, grad_k, grad_v, None if rel is None else grad_rel, None, None, None, None, None, None,
+            None, None)
+
+
+torch.library.register_autograd("fairseq_plugins::cpu_graph_attention", _backward,
+                                setup_context=_setup_context)
 
 
 def cpu_graph_attention(query, key, value, graph, rel_key=None, key_padding_mask=None,
@@ -99,15 +134,30 @@ def cpu_graph_attention(query, key, value, graph, rel_key=None, key_padding_mask
     """Backend function (see ``graph_attention`` for the semantics)."""
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    if query.dtype not in DTYPES or query.device.type != "cpu":
-        raise ValueError(f"the cpu graph attention backend takes float32/float64 CPU tensors, "
-                         f"got {query.dtype} on {query.device}")
+    reason = refuses(query, graph, dropout_p)
+    if reason is not None:
+        raise ValueError(f"the cpu graph attention backend: {reason}")
     if scale is None:
         scale = query.size(-1) ** -0.5
     if graph.num_edges == 0:  # no row has a key
         return torch.zeros_like(query)
-    return CpuGraphAttention.apply(query, key, value, rel_key, key_padding_mask, graph,
-                                   float(scale), float(dropout_p))
+    bsz, heads, num_nodes, dim = query.shape
+    compute = query.dtype if query.dtype in DTYPES else torch.float32  # autograd casts back
+    q, k, v = (x.reshape(bsz * heads, num_nodes, dim).to(compute).contiguous() for x in (query, key, value))
+    rel = None if rel_key is None else rel_key.to(compute).contiguous()
+    pad = None if key_padding_mask is None else key_padding_mask.to(torch.uint8).contiguous()
+    # the dropout seed comes from torch's generator (torch.manual_seed reproduces it), as a
+    # tensor: no host read while tracing
+    seed = torch.randint(0, 2**62, (), dtype=torch.int64) if dropout_p > 0 else torch.zeros((), dtype=torch.int64)
+    out, _ = forward_op(q, k, v, rel, pad, *graph.on("cpu", torch.int32), heads, float(scale),
+                        float(dropout_p), seed)
+    return out.view(query.shape).to(query.dtype)
 
 
-register_backend("cpu", cpu_graph_attention, is_available)
+def prepare(query: torch.Tensor, graph) -> None:
+    """Load (or build) the extension and the graph's int32 CSR."""
+    load_extension()
+    graph.on("cpu", torch.int32)
+
+
+register_backend("cpu", cpu_graph_attention, refuses, prepare)

@@ -3,8 +3,8 @@
 The extension is built with ``torch.utils.cpp_extension.load`` into a per-user cache
 (``$FAIRSEQ_PLUGINS_CACHE`` or ``~/.cache/fairseq_plugins``), either by
 ``scripts/build_cuda_ext.py`` during set-up or on first use; later processes reuse the build.
-Importing this module needs neither nvcc nor a GPU: it only registers the backend, whose
-``is_available`` says no (and warns once, with the reason) when the kernels cannot run.
+Importing this module needs neither nvcc nor a GPU: it only registers the backend; the
+extension is loaded (built if needed) by the backend's ``prepare``, when it is about to run.
 
 The kernels' work list (``KernelPlan``) is built here once per graph and device: rows longer
 than ``SPLIT_EDGES`` edges, or whose edge types span several windows of ``TYPE_WINDOW``, are
@@ -57,19 +57,21 @@ def load_extension(verbose: bool = False):
     return EXTENSION.load(verbose)
 
 
-def extension_available() -> bool:
-    """True when the kernels are built (or can be built now) and a GPU is present."""
-    return torch.cuda.is_available() and EXTENSION.available()
-
-
 def supports(query: torch.Tensor) -> bool:
     """Whether the kernels handle this dtype and shape (on any device)."""
     return query.dtype in DTYPES and query.dim() == 4 and query.size(-1) in HEAD_DIMS
 
 
-def is_available(query: torch.Tensor) -> bool:
-    """Whether the kernels can run on these inputs (CUDA, dtype, head dim, built)."""
-    return query.is_cuda and supports(query) and extension_available()
+def refuses(query: torch.Tensor, graph: AttentionGraph, dropout_p: float = 0.0):
+    """Why the kernels cannot run these inputs (None: they can): CUDA tensors of a dtype and
+    head dim they are compiled for, a square graph. Builds nothing."""
+    if not query.is_cuda:
+        return f"CUDA tensors only, got {query.device}"
+    if not supports(query):
+        return f"dtypes {DTYPES} and head dims {HEAD_DIMS}, got {query.dtype} / {query.size(-1)}"
+    if not graph.square:
+        return "square graphs only (a decoding step's graph runs on the torch backend)"
+    return None
 
 
 # ------------------------------------------------------------------------ the work plan
@@ -191,10 +193,8 @@ def kernel_plan(graph: AttentionGraph, split_edges: int = SPLIT_EDGES) -> Kernel
 
 def plan_on(graph: AttentionGraph, device, split_edges: int = SPLIT_EDGES) -> KernelPlan:
     """``kernel_plan`` on ``device``, cached on the graph."""
-    key = ("cuda_plan", str(device), split_edges)
-    if key not in graph._cache:
-        graph._cache[key] = kernel_plan(graph, split_edges).to(device)
-    return graph._cache[key]
+    return graph.derived("cuda_plan", device, lambda: kernel_plan(graph, split_edges).to(device),
+                         split_edges)
 
 
 # ------------------------------------------------------------------------------- the op
@@ -257,4 +257,10 @@ def cuda_graph_attention(query, key, value, graph, rel_key=None, key_padding_mas
                                  key_padding_mask, dropout_p, scale)
 
 
-register_backend("cuda", cuda_graph_attention, is_available)
+def prepare(query: torch.Tensor, graph: AttentionGraph) -> None:
+    """Load (or build) the extension and the graph's work plan on the query's device."""
+    load_extension()
+    plan_on(graph, query.device)
+
+
+register_backend("cuda", cuda_graph_attention, refuses, prepare)

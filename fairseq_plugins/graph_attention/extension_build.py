@@ -1,14 +1,14 @@
-"""Compiled graph-attention kernels: where they are cached, built once per process, and
-a failure that turns into "not available" (with one warning) instead of an error.
+"""Compiled graph-attention kernels: where they are cached, and built or loaded at most once
+per process (a failure is remembered and raised again, never retried).
 
 Shared by the compiled backends (``cuda_backend``, ``cpu_backend``): each describes its build
-with an ``Extension`` and asks it for the module; the build goes through
+with an ``Extension`` and loads it from its ``prepare`` (registry), never from a check of
+whether it could run; the build goes through
 ``torch.utils.cpp_extension.load`` into ``$FAIRSEQ_PLUGINS_CACHE`` (default
 ``~/.cache/fairseq_plugins``)``/<folder>/<tag>/``, the tag naming the torch build, so later
 processes reuse it and another torch rebuilds.
 """
 
-import logging
 import threading
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -16,8 +16,6 @@ from typing import Callable, Optional, Sequence
 from torch.utils import cpp_extension
 
 from ..resources import cache_root
-
-logger = logging.getLogger(__name__)
 
 
 class Extension:
@@ -39,33 +37,31 @@ class Extension:
         return cache_root() / self.folder / self.tag
 
     def load(self, verbose: bool = False):
-        """Build (first time, minutes) or load the cached module; raises on failure."""
+        """Build (first time, minutes) or load the cached module; raises on failure, and the
+        same error again on every later call (a broken toolchain is not retried)."""
         with self._lock:
+            if self._error is not None:
+                raise RuntimeError(f"{self.name} could not be built or loaded: {self._error}") from self._error
             if self._module is None:
-                missing = [str(s) for s in self.sources if not s.is_file()]
-                if missing:
-                    raise RuntimeError(f"{self.name}: sources not found: {missing}")
-                reason = self.requirement()
-                if reason is not None:
-                    raise RuntimeError(f"{self.name}: {reason}")
-                directory = self.build_directory()
-                directory.mkdir(parents=True, exist_ok=True)
-                self._module = cpp_extension.load(
-                    name=self.name, sources=[str(s) for s in self.sources],
-                    extra_cflags=list(self.cflags), extra_cuda_cflags=list(self.cuda_cflags),
-                    extra_ldflags=list(self.ldflags),
-                    extra_include_paths=[str(d) for d in self.include_dirs],
-                    build_directory=str(directory), verbose=verbose)
+                try:
+                    self._module = self._build(verbose)
+                except Exception as error:
+                    self._error = error
+                    raise
         return self._module
 
-    def available(self) -> bool:
-        """Whether the module loads (building it if needed); the first failure is logged
-        once and remembered, so that a broken toolchain leaves the torch backend in use."""
-        if self._error is None and self._module is None:
-            try:
-                self.load()
-            except Exception as error:  # a broken toolchain must not break the torch backend
-                self._error = error
-                logger.warning("graph attention kernels %s unavailable, using the torch "
-                               "backend: %s", self.name, error)
-        return self._error is None
+    def _build(self, verbose: bool):
+        missing = [str(s) for s in self.sources if not s.is_file()]
+        if missing:
+            raise RuntimeError(f"{self.name}: sources not found: {missing}")
+        reason = self.requirement()
+        if reason is not None:
+            raise RuntimeError(f"{self.name}: {reason}")
+        directory = self.build_directory()
+        directory.mkdir(parents=True, exist_ok=True)
+        return cpp_extension.load(
+            name=self.name, sources=[str(s) for s in self.sources],
+            extra_cflags=list(self.cflags), extra_cuda_cflags=list(self.cuda_cflags),
+            extra_ldflags=list(self.ldflags),
+            extra_include_paths=[str(d) for d in self.include_dirs],
+            build_directory=str(directory), verbose=verbose)

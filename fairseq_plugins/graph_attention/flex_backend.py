@@ -38,9 +38,11 @@ class GraphBlocks:
 
 def graph_blocks(graph: AttentionGraph, device, block_size: int = BLOCK_SIZE) -> GraphBlocks:
     """The block structure of ``graph`` (cached on the graph per device and block size)."""
-    key = ("flex_blocks", str(device), block_size)
-    if key in graph._cache:
-        return graph._cache[key]
+    return graph.derived("flex_blocks", device, lambda: _graph_blocks(graph, device, block_size),
+                         block_size)
+
+
+def _graph_blocks(graph: AttentionGraph, device, block_size: int) -> GraphBlocks:
     n, bs = graph.num_nodes, block_size
     num_blocks = -(-n // bs)
     rows, cols = graph.rows(), graph.indices
@@ -64,7 +66,6 @@ def graph_blocks(graph: AttentionGraph, device, block_size: int = BLOCK_SIZE) ->
         tile_of_block.view(num_blocks, num_blocks).to(device),
         type_tiles.to(device),
     )
-    graph._cache[key] = blocks
     return blocks
 
 
@@ -119,4 +120,18 @@ def _flex(device: torch.device):
     return _compiled_flex_attention
 
 
-register_backend("flex", flex_graph_attention, lambda query: True)
+def refuses(query: torch.Tensor, graph: AttentionGraph, dropout_p: float = 0.0):
+    """Why flex cannot run these inputs (None: it can): no attention dropout, square graphs."""
+    if dropout_p > 0:
+        return "flex_attention has no attention dropout"
+    if not graph.square:
+        return "square graphs only (a decoding step's graph runs on the torch backend)"
+    return None
+
+
+def prepare(query: torch.Tensor, graph: AttentionGraph) -> None:
+    """The graph's block structure on the query's device."""
+    graph_blocks(graph, query.device)
+
+
+register_backend("flex", flex_graph_attention, refuses, prepare)

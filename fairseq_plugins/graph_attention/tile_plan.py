@@ -181,14 +181,11 @@ def build_plan(graph: AttentionGraph, block_m: int, block_n: int) -> TilePlan:
 
 def plan_on(graph: AttentionGraph, block_m: int, block_n: int, device) -> TilePlan:
     """``build_plan`` moved to ``device``, cached on the graph."""
-    key = ("tile_plan", block_m, block_n, str(device))
-    if key not in graph._cache:
-        cpu_key = ("tile_plan", block_m, block_n, "cpu")
-        if cpu_key not in graph._cache:
-            graph._cache[cpu_key] = build_plan(graph, block_m, block_n)
-        plan = graph._cache[cpu_key]
-        graph._cache[key] = _to(plan, device)
-    return graph._cache[key]
+    if torch.device(device).type == "cpu":
+        return graph.derived("tile_plan", "cpu", lambda: build_plan(graph, block_m, block_n),
+                             block_m, block_n)
+    return graph.derived("tile_plan", device,
+                         lambda: _to(plan_on(graph, block_m, block_n, "cpu"), device), block_m, block_n)
 
 
 def _to(plan: TilePlan, device) -> TilePlan:

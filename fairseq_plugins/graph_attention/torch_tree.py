@@ -4,7 +4,7 @@
 any ``AttentionGraph`` whose ``tree`` layout is set; the tree's shape (BPT, SegTree) only decides
 how little of the work is wasted. How: queries are grouped so that the keys a group reads at each
 level form one short band of that level; the bands of all levels side by side are the group's
-score columns, so each product is one batched GEMM (see ``_tree_plan`` and ``_TreeAttention``).
+score columns, so each product is one batched GEMM (see ``tree_plan`` and ``_TreeAttention``).
 """
 
 import functools
@@ -16,8 +16,13 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from fairseq_plugins.graph_attention.precision import backward_without_autocast
+
 if TYPE_CHECKING:
     from fairseq_plugins.graphs.attention_graph import AttentionGraph, TreeLayout
+
+
+GROUP_TOKENS = 32  # tokens per query group: the fastest measured on CPU
 
 
 @dataclass(frozen=True)
@@ -90,7 +95,7 @@ def _query_sets(tree: "TreeLayout", group_tokens: int):
     return sets
 
 
-def _tree_plan(graph: "AttentionGraph", group_tokens: int, device) -> Tuple[_QuerySet, ...]:
+def tree_plan(graph: "AttentionGraph", group_tokens: int, device) -> Tuple[_QuerySet, ...]:
     """Place every edge in a score column of its query set (cached per graph and device).
 
     The rows of a set are cut into groups covering ``group_tokens`` tokens (or one unit of
@@ -99,9 +104,11 @@ def _tree_plan(graph: "AttentionGraph", group_tokens: int, device) -> Tuple[_Que
     levels side by side are the columns of the group's scores: one GEMM per group. Bands are
     measured from the edges, so any graph laid out as a tree is computed exactly; the tree's
     shape only decides how little is wasted."""
-    key = ("tree_plan", group_tokens, str(device))
-    if key in graph._cache:
-        return graph._cache[key]
+    return graph.derived("tree_plan", device, lambda: _build_tree_plan(graph, group_tokens, device),
+                         group_tokens)
+
+
+def _build_tree_plan(graph: "AttentionGraph", group_tokens: int, device) -> Tuple[_QuerySet, ...]:
     tree = graph.tree
     offsets, sizes = tree.level_offsets, tree.level_sizes
     node_level = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
@@ -147,8 +154,7 @@ def _tree_plan(graph: "AttentionGraph", group_tokens: int, device) -> Tuple[_Que
             nodes.to(device), group, tuple(bands), column_type.to(device),
             (column_type == graph.num_edge_types).to(device), has_edge.to(device),
             bool(has_edge.all()), int((nodes >= 0).sum()), runs, blocks))
-    graph._cache[key] = tuple(plan)
-    return graph._cache[key]
+    return tuple(plan)
 
 
 def _nodes(x: torch.Tensor, band: _KeyBand) -> torch.Tensor:
@@ -183,7 +189,7 @@ def _windows(padded: torch.Tensor, band: _KeyBand, groups: int) -> torch.Tensor:
 MAX_SHIFTED_ADDS = 4  # more (coarse levels: narrow strides, small levels) cost more in calls
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=1024)
 def _fold_index(band: _KeyBand, num_bands: int, device: torch.device):
     """(positions, nodes): the band columns of ``num_bands`` bands (flattened [bands x width])
     that lie inside the level, and the key node of each."""
@@ -507,6 +513,7 @@ class _TreeAttention(torch.autograd.Function):
         return result
 
     @staticmethod
+    @backward_without_autocast
     @once_differentiable
     def backward(ctx, grad_out):
         query, key, value, rel_key, out, *saved = ctx.saved_tensors
@@ -595,13 +602,15 @@ class _TreeAttention(torch.autograd.Function):
 
 
 def tree_block_attention(query, key, value, graph, rel_key=None, key_padding_mask=None,
-                         dropout_p=0.0, scale=None, group_tokens: int = 32) -> torch.Tensor:
+                         dropout_p=0.0, scale=None, group_tokens: int = GROUP_TOKENS) -> torch.Tensor:
     """Fast exact path for graphs laid out as a tree (``graph.tree``; see the module docstring).
 
-    group_tokens: tokens covered by one query group (see ``_tree_plan``); the default is the
+    group_tokens: tokens covered by one query group (see ``tree_plan``); the default is the
     fastest measured on CPU."""
     if scale is None:
         scale = query.size(-1) ** -0.5
-    plan = _tree_plan(graph, group_tokens, query.device)
+    plan = tree_plan(graph, group_tokens, query.device)
+    if rel_key is not None:
+        rel_key = rel_key.to(query.dtype)  # autograd returns its gradient in its own dtype
     return _TreeAttention.apply(query, key, value, rel_key, key_padding_mask, plan, scale,
                                 dropout_p)

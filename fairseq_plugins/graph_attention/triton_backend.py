@@ -18,6 +18,7 @@ which needs smaller tiles than fp16/bf16. On CPU the kernels
 run under ``TRITON_INTERPRET=1`` (the tests).
 """
 
+import contextlib
 import os
 from dataclasses import dataclass
 from typing import Dict, Tuple
@@ -26,12 +27,15 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from fairseq_plugins.graph_attention import triton_kernels  # ImportError without Triton
+from fairseq_plugins.graph_attention.precision import backward_without_autocast
 from fairseq_plugins.graph_attention.registry import register_backend
 from fairseq_plugins.graph_attention.tile_plan import TilePlan, merge_forward, merge_sum, plan_on
+from fairseq_plugins.graphs.attention_graph import AttentionGraph
 
 HEAD_DIMS = (32, 64, 128)
 GPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_BATCH_HEADS = 65535  # grid.y
+MAX_DROPOUT_NODES = 2**16 - 1  # the dropout hash's counter is query * N + key in 32 bits
 # tensor-core input precision: fp32 operands are split into a high and a low tf32 part and
 # multiplied in three tf32 products (about fp32 accuracy); fp16/bf16 operands are exact
 DOT_PRECISION = {torch.float32: "tf32x3", torch.float16: "ieee", torch.bfloat16: "ieee"}
@@ -88,11 +92,23 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def is_available(query: torch.Tensor) -> bool:
-    """CUDA tensors (any device under the interpreter) of a dtype and head dim in ``CONFIGS``."""
-    return (query.dim() == 4 and query.dtype in GPU_DTYPES and query.size(-1) in HEAD_DIMS
-            and query.size(0) * query.size(1) <= MAX_BATCH_HEADS
-            and (query.is_cuda or interpreted()))
+def refuses(query: torch.Tensor, graph: AttentionGraph, dropout_p: float = 0.0):
+    """Why the kernels cannot run these inputs (None: they can): CUDA tensors (any device
+    under the interpreter) of a dtype and head dim in ``CONFIGS``, at most
+    ``MAX_BATCH_HEADS`` sentences x heads, a square graph, and with dropout at most
+    ``MAX_DROPOUT_NODES`` nodes."""
+    if not (query.is_cuda or interpreted()):
+        return f"CUDA tensors only (any device with TRITON_INTERPRET=1), got {query.device}"
+    if query.dtype not in GPU_DTYPES or query.size(-1) not in HEAD_DIMS:
+        return f"dtypes {GPU_DTYPES} and head dims {HEAD_DIMS}, got {query.dtype} / {query.size(-1)}"
+    if query.size(0) * query.size(1) > MAX_BATCH_HEADS:
+        return f"at most {MAX_BATCH_HEADS} sentences x heads, got {query.size(0) * query.size(1)}"
+    if not graph.square:
+        return "square graphs only (a decoding step's graph runs on the torch backend)"
+    if dropout_p > 0 and graph.num_nodes > MAX_DROPOUT_NODES:
+        return (f"dropout hashes (query, key) pairs in 32 bits: at most {MAX_DROPOUT_NODES} "
+                f"nodes, got {graph.num_nodes}")
+    return None
 
 
 def tiles(dtype: torch.dtype, head_dim: int) -> Tuple[int, int]:
@@ -112,13 +128,20 @@ def kernel_constants(kernel: str, dtype: torch.dtype, head_dim: int, config: Lau
                 DROPOUT=dropout, UPCAST=upcast)
 
 
+def device_guard(tensor: torch.Tensor):
+    """The tensor's CUDA device made current for a launch: Triton launches on the current
+    device, which need not be the tensors' (inputs on cuda:1 in a process on cuda:0)."""
+    return torch.cuda.device(tensor.device) if tensor.is_cuda else contextlib.nullcontext()
+
+
 def _launch(name, grid, dtype, head_dim, dropout, *args):
     config = CONFIGS[(name, dtype, head_dim)]
     # the interpreter's bf16 tl.dot is wrong (Triton issue 11584): compute those in fp32
     upcast = interpreted() and dtype == torch.bfloat16
     constants = kernel_constants(name, dtype, head_dim, config, dropout, upcast)
-    KERNELS[name][grid](*args, **constants, num_warps=config.num_warps,
-                        num_stages=config.num_stages)
+    with device_guard(args[0]):
+        KERNELS[name][grid](*args, **constants, num_warps=config.num_warps,
+                            num_stages=config.num_stages)
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
@@ -171,6 +194,7 @@ class TritonGraphAttention(torch.autograd.Function):
         return out.view(query.shape)
 
     @staticmethod
+    @backward_without_autocast
     @once_differentiable
     def backward(ctx, grad_out):
         q, k, v, out, lse, rel_key, rel_table, pad = ctx.saved_tensors
@@ -218,9 +242,9 @@ def triton_graph_attention(query, key, value, graph, rel_key=None, key_padding_m
     """Backend function (see ``graph_attention`` for the semantics)."""
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    if dropout_p > 0 and graph.num_nodes >= 2**16:
-        raise ValueError("the triton backend's dropout hashes (query, key) pairs in 32 bits: "
-                         f"at most 65535 nodes, got {graph.num_nodes}")
+    reason = refuses(query, graph, dropout_p)
+    if reason is not None:
+        raise ValueError(f"the triton graph attention backend: {reason}")
     if scale is None:
         scale = query.size(-1) ** -0.5
     if graph.num_edges == 0:  # no row has a key
@@ -230,4 +254,10 @@ def triton_graph_attention(query, key, value, graph, rel_key=None, key_padding_m
                                       float(scale), float(dropout_p))
 
 
-register_backend("triton", triton_graph_attention, is_available)
+def prepare(query: torch.Tensor, graph: AttentionGraph) -> None:
+    """The graph's tile plan for this dtype and head dim, on the query's device."""
+    if graph.num_edges:  # (an edgeless graph needs none: its output is zeros)
+        plan_on(graph, *tiles(query.dtype, query.size(-1)), query.device)
+
+
+register_backend("triton", triton_graph_attention, refuses, prepare)

@@ -4,12 +4,53 @@ An ``AttentionGraph`` is one attention pattern (a CSR adjacency with an edge typ
 by all sentences of a batch; ``TreeLayout`` says that its nodes are laid out over a
 binary-partition tree, which the fast paths exploit. Pure torch: builders (``binary_partition``)
 make these, the graph attention backends consume them.
+
+What a backend derives from a graph (the CSR on a device, a tile plan, a block mask) is built
+once per graph and kept beside it in a ``DerivedCache``, through ``AttentionGraph.derived``:
+one bounded cache with typed keys, never a backend's own attribute on the graph. Backends
+build their entries before a call runs (``registry.Backend.prepare``), so that a
+``torch.compile`` trace only reads them.
 """
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Hashable, NamedTuple, Optional, Tuple, TypeVar
 
 import torch
+
+T = TypeVar("T")
+# derived entries kept per graph: a few devices x dtypes x backends; the oldest one is
+# dropped first (the graphs themselves are cached by their builders)
+DERIVED_PER_GRAPH = 32
+
+
+class DerivedKey(NamedTuple):
+    """What was derived from a graph: ``kind`` names the data (and the module building it),
+    ``device`` where its tensors live, ``params`` the rest of what it depends on."""
+
+    kind: str
+    device: str
+    params: Tuple[Hashable, ...] = ()
+
+
+class DerivedCache:
+    """Data derived from one graph, built on first use, at most ``capacity`` entries (the
+    oldest dropped first). A lookup is one dict read (which a compiled graph can trace);
+    two threads missing the same entry at once both build it, and keep one."""
+
+    def __init__(self, capacity: int = DERIVED_PER_GRAPH):
+        self.capacity = capacity
+        self._entries: Dict[DerivedKey, object] = {}  # in insertion order
+
+    def get(self, key: DerivedKey, build: Callable[[], T]) -> T:
+        value = self._entries.get(key)
+        if value is None:
+            value = self._entries.setdefault(key, build())
+            while len(self._entries) > self.capacity:
+                self._entries.pop(next(iter(self._entries)))
+        return value
+
+    def keys(self) -> Tuple[DerivedKey, ...]:
+        return tuple(self._entries)
 
 
 @dataclass(frozen=True)
@@ -42,24 +83,35 @@ class TreeLayout:
 
 @dataclass(frozen=True)
 class AttentionGraph:
-    """One sparse attention pattern over N nodes, shared by every sentence of a batch."""
+    """One sparse attention pattern over N nodes, shared by every sentence of a batch.
 
-    num_nodes: int
+    Usually square: the N nodes are both the queries and the keys. A rectangular graph
+    (``num_keys`` != N) has N query rows over ``num_keys`` keys: a decoding step's new nodes
+    over the key/value cache; the backends that need a square graph decline it."""
+
+    num_nodes: int  # query rows
     indptr: torch.Tensor  # int64 [N + 1], CSR rows = query nodes
     indices: torch.Tensor  # int64 [E], key node of each edge (sorted within a row)
     edge_type: torch.Tensor  # int64 [E], row index into the relative-position table
     num_edge_types: int
     tree: Optional[TreeLayout] = None  # set by the tree builders; enables the fast path
-    _cache: Dict = field(default_factory=dict, compare=False, repr=False, hash=False)
+    num_keys: Optional[int] = None  # key nodes; None = num_nodes (a square graph)
+    _derived: DerivedCache = field(default_factory=DerivedCache, compare=False, repr=False, hash=False)
 
     def __post_init__(self):
+        if self.num_keys is None:
+            object.__setattr__(self, "num_keys", self.num_nodes)
         n, e = self.num_nodes, self.indices.numel()
-        if self.indptr.shape != (n + 1,) or int(self.indptr[-1]) != e:
-            raise ValueError(f"indptr must have {n + 1} entries ending at {e} edges")
+        if self.indptr.shape != (n + 1,) or int(self.indptr[0]) != 0 or int(self.indptr[-1]) != e:
+            raise ValueError(f"indptr must have {n + 1} entries from 0 to {e} edges")
+        if bool((self.indptr.diff() < 0).any()):
+            raise ValueError("indptr must be non-decreasing")
         if self.edge_type.shape != self.indices.shape:
             raise ValueError("edge_type and indices must have the same length")
-        if e and (int(self.indices.min()) < 0 or int(self.indices.max()) >= n):
+        if e and (int(self.indices.min()) < 0 or int(self.indices.max()) >= self.num_keys):
             raise ValueError("edge key index out of range")
+        if self.tree is not None and not self.square:
+            raise ValueError("a tree layout needs a square graph")
         if e and (int(self.edge_type.min()) < 0 or int(self.edge_type.max()) >= self.num_edge_types):
             raise ValueError("edge type out of range")
         if self.tree is not None and sum(self.tree.level_sizes) != n:
@@ -72,30 +124,33 @@ class AttentionGraph:
     def num_edges(self) -> int:
         return self.indices.numel()
 
+    @property
+    def square(self) -> bool:
+        """Whether the queries are the keys (every graph but a decoding step's)."""
+        return self.num_keys == self.num_nodes
+
+    def derived(self, kind: str, device, build: Callable[[], T], *params: Hashable) -> T:
+        """``build()`` (not None), once per (kind, device, params) while this graph lives
+        (bounded: ``DERIVED_PER_GRAPH`` entries). The one place backends keep what they
+        derive from it."""
+        return self._derived.get(DerivedKey(kind, str(device), params), build)
+
     def rows(self) -> torch.Tensor:
-        """Query node of every edge (int64 [E])."""
-        if "rows" not in self._cache:
-            self._cache["rows"] = torch.repeat_interleave(
-                torch.arange(self.num_nodes), self.indptr.diff()
-            )
-        return self._cache["rows"]
+        """Query node of every edge (int64 [E], CPU)."""
+        return self.derived("rows", "cpu", lambda: torch.repeat_interleave(
+            torch.arange(self.num_nodes), self.indptr.diff(), output_size=self.num_edges))
 
     def on(self, device, dtype=torch.int64) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(indptr, indices, edge_type) on ``device`` as ``dtype``, cached (kernels use int32)."""
-        key = ("csr", str(device), dtype)
-        if key not in self._cache:
-            self._cache[key] = tuple(
-                t.to(device=device, dtype=dtype) for t in (self.indptr, self.indices, self.edge_type)
-            )
-        return self._cache[key]
+        return self.derived("csr", device, lambda: tuple(
+            t.to(device=device, dtype=dtype) for t in (self.indptr, self.indices, self.edge_type)), dtype)
 
     def transposed(self) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """CSR by key node: (indptr [N + 1], query node [E], edge id [E]), int64 on CPU.
+        """CSR by key node: (indptr [num_keys + 1], query node [E], edge id [E]), int64 on CPU.
 
         Lets a backward pass accumulate dK/dV per key node without atomics."""
-        if "transposed" not in self._cache:
+        def build():
             order = torch.sort(self.indices * self.num_nodes + self.rows()).indices
-            counts = torch.bincount(self.indices, minlength=self.num_nodes)
-            indptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
-            self._cache["transposed"] = (indptr, self.rows()[order], order)
-        return self._cache["transposed"]
+            counts = torch.bincount(self.indices, minlength=self.num_keys)
+            return torch.cat([counts.new_zeros(1), counts.cumsum(0)]), self.rows()[order], order
+        return self.derived("transposed", "cpu", build)

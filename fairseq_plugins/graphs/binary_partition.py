@@ -306,9 +306,16 @@ def creation_slot(level: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return 2 * step - popcount + level
 
 
+def nodes_created(steps: int) -> int:
+    """Nodes of a causal tree after ``steps`` decoding steps (``creation_slot``'s count)."""
+    return 2 * steps - bin(steps).count("1")
+
+
 @functools.lru_cache(maxsize=4096)
-def causal_step_rows(spec: TreeGraphSpec, t: int):
-    """CSR rows (indptr, key slots, types) of the nodes created at decoding step t.
+def causal_step_graph(spec: TreeGraphSpec, t: int) -> AttentionGraph:
+    """The rectangular graph of decoding step t: the rows of the nodes it creates over the
+    key/value cache slots of every node created so far (theirs included: the new nodes'
+    keys/values are appended to the cache before attending).
 
     The nodes are token t, then the spans that token t completes (levels 1..); their keys are
     cache slots (``creation_slot``). A token's causal context holds O(k log t) nodes; a span
@@ -331,5 +338,9 @@ def causal_step_rows(spec: TreeGraphSpec, t: int):
         row_types.append(types)
         j += 1
     counts = torch.tensor([len(r) for r in rows])
-    return (torch.cat([counts.new_zeros(1), counts.cumsum(0)]), torch.cat(rows),
-            torch.cat(row_types))
+    row = torch.repeat_interleave(torch.arange(len(rows)), counts)
+    keys, types = torch.cat(rows), torch.cat(row_types)
+    num_keys = nodes_created(t + 1)
+    order = torch.argsort(row * num_keys + keys)  # keys in order within each row
+    return AttentionGraph(len(rows), torch.cat([counts.new_zeros(1), counts.cumsum(0)]), keys[order],
+                          types[order], spec.types.num_types, num_keys=num_keys)

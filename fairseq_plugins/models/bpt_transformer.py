@@ -5,11 +5,12 @@ its sentence: token nodes (word embeddings; fairseq's positions only with
 ``--graph-token-positions absolute``) then span nodes (zeros), laid out tokens first. The
 encoder hands only its token nodes to the decoder (fairseq's ``encoder_out``); the decoder's
 cross-attention is fairseq's, from its token nodes (``--graph-cross-attention nodes``: every
-node) to the source tokens, and its output projection reads target token nodes only. The decoder graph is causal: a token sees its left
-context and itself; a span is only ever read once complete.
+node) to the source tokens, and its output projection reads target token nodes only. The
+decoder graph is causal: a token sees its left context and itself; a span is only ever read
+once complete.
 
 Incremental decoding keeps, per layer, the keys/values of every node created so far (in
-creation order, see ``causal_step_rows``); a step runs the new token and the spans it
+creation order, see ``causal_step_graph``); a step runs the new token and the spans it
 completes through all layers, each attending to O(k log t) cached nodes (spans: their tokens).
 """
 
@@ -28,12 +29,11 @@ from fairseq.models.transformer import (
 )
 from fairseq.models.transformer.transformer_legacy import base_architecture, transformer_iwslt_de_en
 
-from fairseq_plugins.graphs.binary_partition import TreeGraphSpec, causal_step_rows, node_present, root_rows
+from fairseq_plugins.graphs.binary_partition import TreeGraphSpec, causal_step_graph, node_present, root_rows
 from fairseq_plugins.models.model_options import (
     PluginTransformerConfig, add_config_args, check_at_least, check_choice, set_default_options,
 )
 from fairseq_plugins.models.plugin_model import PluginModel
-from fairseq_plugins.modules.bpt.graph_self_attention import DecoderStep
 from fairseq_plugins.modules.bpt.graph_transformer_layers import (
     CROSS_ATTENTION_FROM, GraphDecoderLayer, GraphEncoderLayer,
 )
@@ -174,10 +174,6 @@ class GraphTransformerDecoder(TransformerDecoderBase):
             x = self.layernorm_embedding(x)
         return self.dropout_module(x)
 
-    def _step(self, t: int, device) -> DecoderStep:
-        indptr, indices, types = causal_step_rows(self._spec, t)
-        return DecoderStep(indptr.to(device), indices.to(device), types.to(device))
-
     def extract_features_scriptable(
         self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]],
         incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
@@ -205,10 +201,10 @@ class GraphTransformerDecoder(TransformerDecoderBase):
             absent = ~node_present(lengths, length).to(tokens.device)
             num_new = length
         else:
-            graph = self._step(length - 1, tokens.device)
+            graph = causal_step_graph(self._spec, length - 1)  # the new nodes over the cache
             absent = None
             num_new = 1
-        x = _nodes(tokens, graph.num_nodes if incremental_state is None else graph.indptr.numel() - 1)
+        x = _nodes(tokens, graph.num_nodes)
         attn: Optional[Tensor] = None
         inner_states: List[Optional[Tensor]] = [x[:num_new]]
         for idx, layer in enumerate(self.layers):

@@ -131,7 +131,9 @@ class MultiScaleDecoderLayer(TransformerDecoderLayerBase):
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         if add_bias_kv or add_zero_attn or cfg.cross_self_attention:
-            raise ValueError("multi-scale decoder self-attention supports neither bias_kv, zero_attn nor cross_self_attention")
+            raise ValueError(
+                "multi-scale decoder self-attention supports neither bias_kv, zero_attn nor cross_self_attention"
+            )
         return _multiscale_self_attention(self, embed_dim, cfg, causal=True)
 
 

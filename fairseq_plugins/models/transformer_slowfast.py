@@ -216,7 +216,10 @@ class SlowFastEncoder(TransformerEncoderBase):
             self.fast_padding_idx, fast_vocabulary = dictionary.pad(), len(dictionary)
         else:
             self.sentencepiece = SentencePieceFastInput(
-                self.characters, dictionary, read_sentencepiece_model(cfg), getattr(cfg, "fast_sentencepiece_pieces", None)
+                self.characters,
+                dictionary,
+                read_sentencepiece_model(cfg),
+                getattr(cfg, "fast_sentencepiece_pieces", None),
             )
             self.fast_padding_idx, fast_vocabulary = PAD_UNIT, self.sentencepiece.num_units
         self.fast_embed_tokens = nn.Embedding(fast_vocabulary, fast_dim, padding_idx=self.fast_padding_idx)
@@ -238,7 +241,12 @@ class SlowFastEncoder(TransformerEncoderBase):
         for i, slow_layer in enumerate(self.layers):
             if i in interacting:
                 slow_layer.fusion = build_fusion(
-                    cfg.slowfast_fusion, slow_dim, fast_dim, cfg.encoder.attention_heads, cfg.attention_dropout, to_slow=True
+                    cfg.slowfast_fusion,
+                    slow_dim,
+                    fast_dim,
+                    cfg.encoder.attention_heads,
+                    cfg.attention_dropout,
+                    to_slow=True,
                 )
                 slow_layer.fusion_layer_norm = LayerNorm(slow_dim)
             if i > last_fast:
@@ -247,11 +255,19 @@ class SlowFastEncoder(TransformerEncoderBase):
             fast_fusion = None
             if i in interacting and not cfg.unidirectional_fusion and not truncated:
                 fast_fusion = build_fusion(
-                    cfg.slowfast_fusion, fast_dim, slow_dim, cfg.fast_attention_heads, cfg.attention_dropout, to_slow=False
+                    cfg.slowfast_fusion,
+                    fast_dim,
+                    slow_dim,
+                    cfg.fast_attention_heads,
+                    cfg.attention_dropout,
+                    to_slow=False,
                 )
             self.fast_layers.append(
                 FastBranchEncoderLayer(
-                    fast_cfg, use_word_graph=self.fast_boundaries != "none", fusion=fast_fusion, feed_forward=not truncated
+                    fast_cfg,
+                    use_word_graph=self.fast_boundaries != "none",
+                    fusion=fast_fusion,
+                    feed_forward=not truncated,
                 )
             )
         self.fast_layer_norm = None
@@ -274,7 +290,8 @@ class SlowFastEncoder(TransformerEncoderBase):
                 raise ValueError(f"--{name.replace('_', '-')} {getattr(cfg, name)!r}: choose from {', '.join(allowed)}")
         if cfg.fast_embed_dim % cfg.fast_attention_heads:
             raise ValueError(
-                f"--fast-embed-dim {cfg.fast_embed_dim} is not divisible by --fast-attention-heads {cfg.fast_attention_heads}"
+                f"--fast-embed-dim {cfg.fast_embed_dim} is not divisible by "
+                f"--fast-attention-heads {cfg.fast_attention_heads}"
             )
         if cfg.no_fast_branch and cfg.slowfast_encoder_output != "slow":
             raise ValueError("--no-fast-branch leaves only the slow branch: --slowfast-encoder-output must be slow")
@@ -309,7 +326,13 @@ class SlowFastEncoder(TransformerEncoderBase):
             x = x * ~padding_mask.unsqueeze(-1)
         return x.transpose(0, 1)
 
-    def forward(self, src_tokens, src_lengths: Optional[torch.Tensor] = None, return_all_hiddens: bool = False, token_embeddings=None):
+    def forward(
+        self,
+        src_tokens,
+        src_lengths: Optional[torch.Tensor] = None,
+        return_all_hiddens: bool = False,
+        token_embeddings=None,
+    ):
         padding_mask = src_tokens.eq(self.padding_idx)
         xs, encoder_embedding = self.forward_embedding(src_tokens, token_embeddings)
         xs = (xs * ~padding_mask.unsqueeze(-1)).transpose(0, 1)

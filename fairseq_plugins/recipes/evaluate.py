@@ -85,7 +85,8 @@ def score(generate_out: str, data: Path, subset: str, out_dir: Path, tokenize: O
         (out_dir / f"{subset}.{name}.{tgt}").write_text("".join(x + "\n" for x in lines), encoding="utf-8")
     detok = bleu(detokenized, references, tokenize or default_tokenize(tgt), lowercase)
     tok = bleu(tokenized, ref_tok, "none", lowercase)
-    test_set = meta.get("origins", {}).get(subset, f"{meta['corpus']} {subset} (prepared by fairseq-plugins-prepare-data)")
+    prepared = f"{meta['corpus']} {subset} (prepared by fairseq-plugins-prepare-data)"
+    test_set = meta.get("origins", {}).get(subset, prepared)
     return {"sentences": len(references), "test_set": test_set,
             "sacrebleu": detok["score"], "sacrebleu_signature": detok["signature"],
             "tokenized": tok["score"], "tokenized_signature": tok["signature"]}

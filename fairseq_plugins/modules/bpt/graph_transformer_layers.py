@@ -1,8 +1,10 @@
 """fairseq transformer layers whose self-attention runs over a graph of nodes.
 
-Only ``build_self_attention`` changes: the layers use ``GraphSelfAttention`` and bind the graph
-for the duration of fairseq's own forward (see ``GraphSelfAttention.attending``). Residuals,
-layer norms, FFN, cross-attention and dropout are fairseq's, unchanged, except that with
+``build_self_attention`` makes a ``GraphSelfAttention``, and ``forward`` is fairseq's layer
+forward with the graph passed to it as an argument (fairseq's own forward has no place for
+one). Residuals, layer norms (pre or post), FFN, cross-attention, dropout and fairseq's
+NormFormer-style scalings (``scale_heads``, ``scale_attn``, ``scale_fc``, ``scale_resids``)
+are fairseq's modules, applied in fairseq's order, except that with
 ``cross_attention_from="tokens"`` (BPT section 4.3) only the token nodes, which come first,
 go through the encoder-attention sublayer and span nodes pass it unchanged.
 
@@ -11,8 +13,6 @@ self-attention still reads every node as a key, but the rows nobody reads skip t
 projection, residuals, layer norms, cross-attention and FFN. The residual connection takes
 the first rows of its shortcut for that.
 """
-
-import contextlib
 
 import torch
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
@@ -23,6 +23,26 @@ from fairseq_plugins.modules.bpt.graph_self_attention import GraphSelfAttention
 def first_rows_residual(x, residual):
     """fairseq's residual connection when the sublayer returned only the first rows."""
     return x + residual[: x.size(0)]
+
+
+def _sublayer_output(layer, x, residual, norm):
+    """Dropout, residual and (post-norm) layer norm after a sublayer, as fairseq does."""
+    x = layer.residual_connection(layer.dropout_module(x), residual)
+    return x if layer.normalize_before else norm(x)
+
+
+def _feed_forward(layer, x, ffn_layernorm=None, w_resid=None):
+    """fairseq's FFN sublayer (``ffn_layernorm``/``w_resid``: the decoder's scalings)."""
+    residual = x
+    if layer.normalize_before:
+        x = layer.final_layer_norm(x)
+    x = layer.activation_dropout_module(layer.activation_fn(layer.fc1(x)))
+    if ffn_layernorm is not None:
+        x = ffn_layernorm(x)
+    x = layer.fc2(x)
+    if w_resid is not None:
+        residual = torch.mul(w_resid, residual)
+    return _sublayer_output(layer, x, residual, layer.final_layer_norm)
 
 
 class GraphEncoderLayer(TransformerEncoderLayerBase):
@@ -39,9 +59,14 @@ class GraphEncoderLayer(TransformerEncoderLayerBase):
         return first_rows_residual(x, residual)
 
     def forward(self, x, encoder_padding_mask, graph, out_rows=None):
-        """x: [N, B, C] node states; encoder_padding_mask: [B, N] absent nodes."""
-        with self.self_attn.attending(graph, out_rows):
-            return super().forward(x, encoder_padding_mask)
+        """x: [N, B, C] node states; encoder_padding_mask: [B, N] absent nodes; graph: the
+        ``AttentionGraph`` over the N nodes. Returns [out_rows or N, B, C]."""
+        residual = x
+        if self.normalize_before:
+            x = self.self_attn_layer_norm(x)
+        x = self.self_attn(x, graph, encoder_padding_mask, out_rows=out_rows)
+        x = _sublayer_output(self, x, residual, self.self_attn_layer_norm)
+        return _feed_forward(self, x)
 
 
 CROSS_ATTENTION_FROM = ("tokens", "nodes")
@@ -71,49 +96,47 @@ class GraphDecoderLayer(TransformerDecoderLayerBase):
                 graph=None, self_attn_padding_mask=None, need_attn=False, need_head_weights=False,
                 num_tokens=None, out_rows=None):
         """x: [N, B, C] node states (or this step's new nodes), the ``num_tokens`` token nodes
-        first; graph: AttentionGraph or DecoderStep (with incremental_state)."""
-        restrict = self.cross_attention_from == "tokens" and self.encoder_attn is not None \
-            and encoder_out is not None
-        if restrict and num_tokens is None:
-            raise ValueError("cross-attention from token nodes only needs num_tokens")
-        restrict = restrict and (out_rows is None or out_rows > num_tokens)  # else: tokens only already
-        if out_rows is not None and encoder_padding_mask is not None and encoder_padding_mask.dim() == 3:
-            encoder_padding_mask = encoder_padding_mask[:, :out_rows]  # a per-query mask (bpt_document)
-        with self.self_attn.attending(graph, out_rows), \
-                (self._cross_attention_from_first(num_tokens) if restrict else contextlib.nullcontext()):
-            return super().forward(
-                x, encoder_out, encoder_padding_mask, incremental_state,
-                self_attn_padding_mask=self_attn_padding_mask, need_attn=need_attn,
-                need_head_weights=need_head_weights,
-            )
+        first; graph: the ``AttentionGraph`` over them (with ``incremental_state``: the
+        decoding step's graph over the cache). Returns (x, cross-attention weights, None)."""
+        if graph is None:
+            raise ValueError("a graph decoder layer needs the graph to attend over")
+        residual = x
+        if self.normalize_before:
+            x = self.self_attn_layer_norm(x)
+        x = self.self_attn(x, graph, self_attn_padding_mask, incremental_state, out_rows)
+        if self.c_attn is not None:  # fairseq's scale_heads
+            rows, bsz = x.size(0), x.size(1)
+            x = torch.einsum("tbhd,h->tbhd", x.view(rows, bsz, self.nh, self.head_dim), self.c_attn)
+            x = x.reshape(rows, bsz, self.embed_dim)
+        if self.attn_ln is not None:
+            x = self.attn_ln(x)
+        x = _sublayer_output(self, x, residual, self.self_attn_layer_norm)
 
-    @contextlib.contextmanager
-    def _cross_attention_from_first(self, rows: int):
-        """During fairseq's forward, the encoder attention takes only the first ``rows``
-        queries and gives the other rows zeros, so their residual passes unchanged; the
-        post-norm layer norm after it leaves those rows as they are (a pre-norm one feeds
-        the attention, which drops them)."""
+        attn = None
+        if self.encoder_attn is not None and encoder_out is not None:
+            rows = x.size(0)
+            if self.cross_attention_from == "tokens":
+                if num_tokens is None:
+                    raise ValueError("cross-attention from token nodes only needs num_tokens")
+                rows = min(rows, num_tokens)
+            if encoder_padding_mask is not None and encoder_padding_mask.dim() == 3:
+                encoder_padding_mask = encoder_padding_mask[:, :rows]  # a per-query mask (bpt_document)
+            attended, attn = self._cross_attention(x[:rows], encoder_out, encoder_padding_mask,
+                                                   incremental_state, need_attn, need_head_weights)
+            x = torch.cat([attended, x[rows:]]) if rows < x.size(0) else attended
+        x = _feed_forward(self, x, self.ffn_layernorm, self.w_resid)
+        return x, attn, None
 
-        total = []
-
-        def first_rows(_module, args, kwargs):
-            total.append(kwargs["query"].size(0))
-            return args, dict(kwargs, query=kwargs["query"][:rows])
-
-        def zero_rows(_module, args, kwargs, output):
-            out, attn = output
-            return torch.cat([out, out.new_zeros(total.pop() - rows, *out.shape[1:])]), attn
-
-        def keep_rows(_module, args, output):
-            return torch.cat([output[:rows], args[0][rows:]])
-
-        hooks = [
-            self.encoder_attn.register_forward_pre_hook(first_rows, with_kwargs=True),
-            self.encoder_attn.register_forward_hook(zero_rows, with_kwargs=True),
-            self.encoder_attn_layer_norm.register_forward_hook(keep_rows),
-        ]
-        try:
-            yield
-        finally:
-            for hook in hooks:
-                hook.remove()
+    def _cross_attention(self, x, encoder_out, encoder_padding_mask, incremental_state, need_attn,
+                         need_head_weights):
+        """fairseq's encoder-attention sublayer over the rows ``x``."""
+        residual = x
+        if self.normalize_before:
+            x = self.encoder_attn_layer_norm(x)
+        x, attn = self.encoder_attn(
+            query=x, key=encoder_out, value=encoder_out, key_padding_mask=encoder_padding_mask,
+            incremental_state=incremental_state, static_kv=True,
+            need_weights=need_attn or need_head_weights or (not self.training and self.need_attn),
+            need_head_weights=need_head_weights,
+        )
+        return _sublayer_output(self, x, residual, self.encoder_attn_layer_norm), attn

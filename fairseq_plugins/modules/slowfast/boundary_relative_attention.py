@@ -85,7 +85,8 @@ class AddToDiagonals(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         grad_band = grad.new_zeros(*grad.shape[:-1], 2 * ctx.window + 1)
         for t in range(grad_band.size(-1)):
-            grad_band[..., AddToDiagonals.rows(t - ctx.window, grad.size(-1)), t] = grad.diagonal(t - ctx.window, -2, -1)
+            offset = t - ctx.window
+            grad_band[..., AddToDiagonals.rows(offset, grad.size(-1)), t] = grad.diagonal(offset, -2, -1)
         return grad, grad_band
 
     @staticmethod

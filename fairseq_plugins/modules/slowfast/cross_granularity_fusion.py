@@ -128,7 +128,9 @@ class DownsampledFusion(nn.Module):
         return self.proj(torch.cat([x, resampled], 2) if self.concat else resampled)
 
 
-def build_fusion(method: str, embed_dim: int, context_dim: int, num_heads: int, dropout: float, to_slow: bool) -> nn.Module:
+def build_fusion(
+    method: str, embed_dim: int, context_dim: int, num_heads: int, dropout: float, to_slow: bool
+) -> nn.Module:
     """The fusion sublayer of one branch (``to_slow``: the slow branch receives)."""
     if method == "cga":
         return CrossGranularityAttention(embed_dim, context_dim, num_heads, dropout)

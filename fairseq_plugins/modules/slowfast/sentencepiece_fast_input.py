@@ -52,7 +52,13 @@ class SentencePieceFastInput(nn.Module):
             where its ``.model`` file no longer is).
     """
 
-    def __init__(self, characters: SubwordCharacterTable, dictionary, model_proto: Optional[bytes], num_pieces: Optional[int] = None):
+    def __init__(
+        self,
+        characters: SubwordCharacterTable,
+        dictionary,
+        model_proto: Optional[bytes],
+        num_pieces: Optional[int] = None,
+    ):
         super().__init__()
         self.pad_index = dictionary.pad()
         self.surfaces = [characters.strip_markers(s) for s in dictionary.symbols]
@@ -97,11 +103,16 @@ class SentencePieceFastInput(nn.Module):
             start, pieces = 0, []
             for piece in self.processor.encode(word, out_type=int):
                 pieces.append((self.first_piece + piece, start))
-                start += 1 if self.processor.is_unknown(piece) else len(self.processor.id_to_piece(piece).replace(WORD_START, ""))
+                if self.processor.is_unknown(piece):
+                    start += 1
+                else:
+                    start += len(self.processor.id_to_piece(piece).replace(WORD_START, ""))
             pieces = self._cache[word] = tuple(pieces)
         return pieces
 
-    def forward(self, src_tokens: torch.Tensor, ends_word: torch.Tensor, subword_word_ids: torch.Tensor) -> FastBranchInput:
+    def forward(
+        self, src_tokens: torch.Tensor, ends_word: torch.Tensor, subword_word_ids: torch.Tensor
+    ) -> FastBranchInput:
         """``ends_word`` and ``subword_word_ids``: ``SubwordCharacterTable.subword_word_boundaries``."""
         if self.processor is None:
             raise RuntimeError("no sentencepiece model: load a checkpoint or give --fast-sentencepiece-model")
@@ -136,7 +147,9 @@ class SentencePieceFastInput(nn.Module):
         width = max([1] + [len(units) for units, _, _ in rows])
 
         def padded(index: int, fill: int) -> torch.Tensor:
-            return torch.tensor([row[index] + [fill] * (width - len(row[index])) for row in rows], dtype=torch.long, device=device)
+            return torch.tensor(
+                [row[index] + [fill] * (width - len(row[index])) for row in rows], dtype=torch.long, device=device
+            )
 
         tokens = padded(0, PAD_UNIT)
         return FastBranchInput(tokens, tokens.eq(PAD_UNIT), padded(1, -1), padded(2, -1), subword_word_ids)

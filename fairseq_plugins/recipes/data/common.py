@@ -134,7 +134,7 @@ def locate(
         packed_name = _archive_filename(arc.url)
         unpacked = cache_dir / (packed_name + ".d")
 
-        def lookup(member):
+        def lookup(member, unpacked=unpacked):
             return (_find(raw_dir, member) if raw_dir is not None else None) or _find(unpacked, member)
 
         paths = {m: lookup(m) for m in arc.members}

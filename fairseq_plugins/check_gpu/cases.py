@@ -1,9 +1,30 @@
-"""Graphs shared by the tiled-backend tests (triton, cpu): name -> (builder, sentence lengths)."""
+"""The graphs every backend is checked on: the GPU checks here and the CPU tests in ``tests/``.
+
+``TILED_GRAPHS``: name -> (builder, sentence lengths), tree-laid graphs from 1 token to
+rows long enough to split; ``random_graph``: any CSR (no tree layout), with empty rows and
+many edge types; ``random_tree_graph``: random edges over a tree layout."""
 
 import torch
 
 from fairseq_plugins.graphs.attention_graph import AttentionGraph, TreeLayout
 from fairseq_plugins.graphs.binary_partition import bpt_graph, segtree_graph, tree_level_sizes
+
+
+def random_graph(n: int, degree: int, num_types: int, seed: int = 0) -> AttentionGraph:
+    """Random CSR with sorted unique keys per row, varying degrees and some empty rows."""
+    gen = torch.Generator().manual_seed(seed)
+    rows, cols = [], []
+    for u in range(n):
+        d = int(torch.randint(0, 2 * degree + 1, (1,), generator=gen)) if u % 7 else 0
+        keys = torch.randperm(n, generator=gen)[: min(d, n)].sort().values
+        rows.append(torch.full_like(keys, u))
+        cols.append(keys)
+    rows, cols = torch.cat(rows), torch.cat(cols)
+    counts = torch.bincount(rows, minlength=n)
+    return AttentionGraph(num_nodes=n, indptr=torch.cat([counts.new_zeros(1), counts.cumsum(0)]),
+                          indices=cols,
+                          edge_type=torch.randint(0, num_types, cols.shape, generator=gen),
+                          num_edge_types=num_types)
 
 
 def random_tree_graph(n: int, edges_per_row: int, seed: int = 0) -> AttentionGraph:
