@@ -8,6 +8,7 @@ reach a model under hydra through its config dataclass, were the config's.
 import pytest
 import torch
 
+from tests.classification_data import write_classification
 from tests.cli import REPO, USER_DIR, run_cli
 from tests.document_fixture import binarized_doc_fixture
 
@@ -22,7 +23,15 @@ BUILT_AS_CONFIGURED = {
     "transformer_document": lambda m: type(m.decoder).__name__ == "DocumentTransformerDecoder",
     "transformer_slowfast": lambda m: m.encoder.fast_embed_tokens.embedding_dim == 8,
     "ms_transformer": lambda m: type(m.decoder.layers[0]).__name__ == "MultiScaleDecoderLayer",
+    "transformer_classifier": lambda m: m.readout == "mean"
+    and "sentence_classification_head" in m.classification_heads,
+    "bpt_classifier": lambda m: m.encoder._spec.k == 1 and m.encoder._spec.clip == 3 and m.readout == "root",
+    "segtree_classifier": lambda m: m.encoder._spec.kind == "segtree" and m.encoder._spec.clip == 3
+    and m.classification_heads["sentence_classification_head"].dense is not None,
+    "ms_classifier": lambda m: m.readout == "max" and len(m.encoder.layers[0].scales) == 2
+    and not hasattr(m.encoder.layers[0], "fc1"),  # the paper's layer without FFN, from the architecture
 }
+CLASSIFIERS = {"transformer_classifier", "bpt_classifier", "segtree_classifier", "ms_classifier"}
 
 
 def test_one_config_per_model():
@@ -39,12 +48,18 @@ def document_data_bin(tmp_path_factory):
     return binarized_doc_fixture(tmp_path_factory.mktemp("doc"))
 
 
+@pytest.fixture(scope="module")
+def sentence_data_bin(tmp_path_factory):
+    return write_classification(tmp_path_factory.mktemp("sentences"), n_train=32, n_eval=8)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(BUILT_AS_CONFIGURED))
 def test_hydra_train(name, request, tmp_path):
     from fairseq import checkpoint_utils
 
-    data = request.getfixturevalue("document_data_bin" if name.endswith("_document") else "tiny_data_bin")
+    fixture = "document_data_bin" if name.endswith("_document") else "tiny_data_bin"
+    data = request.getfixturevalue("sentence_data_bin" if name in CLASSIFIERS else fixture)
     save = tmp_path / "ckpt"
     run_cli(
         "fairseq-hydra-train", "--config-dir", CONFIGS, "--config-name", name, f"task.data={data}",

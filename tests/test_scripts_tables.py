@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fairseq_plugins.recipes.config import all_configs, load_tables, run_key
+from fairseq_plugins.recipes.config import all_configs, load_tables, run_key, seed_configs
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted((REPO / "scripts" / "tables").glob("*.sh"))
@@ -35,8 +35,9 @@ def test_dry_run_shows_every_training_run_with_the_settings(script, tmp_path):
     out = _dry_run(script, tmp_path, GPUS="2", UPDATE_FREQ="auto", FP16="")
     assert out.startswith(f"{table}: {len(configs)} rows")
     commands = [line for line in out.splitlines() if "fairseq-train" in line]
-    assert len(commands) == len({run_key(c) for c in configs})
-    by_key = {run_key(c): c for c in configs}
+    runs = [run for c in configs for run in seed_configs(c)]  # one run per seed of the paper's protocol
+    assert len(commands) == len({run_key(r) for r in runs})
+    by_key = {run_key(r): r for r in runs}
     for command in commands:
         cfg = by_key[re.search(r"--save-dir \S+/runs/(\S+)", command).group(1)]
         paper_freq = int(cfg["train"].get("update-freq", 1))

@@ -242,6 +242,20 @@ def node_present(lengths: torch.Tensor, padded_length: int) -> torch.Tensor:
     return ((index << level) < lengths) & (level <= top_level)
 
 
+def root_rows(lengths: torch.Tensor, padded_length: int) -> torch.Tensor:
+    """[B] int64: the row of each sentence's root in the node layout of the padded-length tree.
+
+    A sentence of length n has its root at level ceil(log2 n), index 0 (a one-token sentence:
+    its token); the classifiers of BPT and SegTree read the sentence's state there."""
+    sizes = tree_level_sizes(padded_length)
+    lengths = lengths.long()
+    if bool((lengths < 1).any()) or bool((lengths > padded_length).any()):
+        raise ValueError(f"sentence lengths must be in [1, {padded_length}], got {lengths.flatten().tolist()}")
+    offsets = torch.tensor((0,) + sizes[:-1], device=lengths.device).cumsum(0)
+    top_level = torch.ceil(torch.log2(lengths.double())).long()
+    return offsets[top_level]
+
+
 def node_levels(n: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """(level, index within level) of every node of the tree over n tokens."""
     sizes = tree_level_sizes(n)

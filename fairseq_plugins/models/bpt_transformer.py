@@ -29,7 +29,7 @@ from fairseq.models.transformer import (
 )
 from fairseq.models.transformer.transformer_legacy import base_architecture, transformer_iwslt_de_en
 
-from fairseq_plugins.graphs.binary_partition import TreeGraphSpec, causal_step_graph, node_present
+from fairseq_plugins.graphs.binary_partition import TreeGraphSpec, causal_step_graph, node_present, root_rows
 from fairseq_plugins.models.model_options import (
     PluginTransformerConfig, add_config_args, check_at_least, check_choice, set_default_options,
 )
@@ -100,7 +100,10 @@ class GraphTransformerEncoder(TransformerEncoderBase):
         return GraphEncoderLayer(cfg, self._spec.types.num_types, backend=cfg.graph_attention_backend)
 
     def forward(self, src_tokens, src_lengths: Optional[Tensor] = None,
-                return_all_hiddens: bool = False, token_embeddings: Optional[Tensor] = None):
+                return_all_hiddens: bool = False, token_embeddings: Optional[Tensor] = None,
+                return_root: bool = False):
+        """fairseq's encoder output (token nodes only); ``return_root`` adds ``encoder_root``
+        ([B x C], each sentence's root node after the last layer: the classifiers' readout)."""
         if src_tokens.size(1) > self.max_source_positions:
             raise ValueError(f"source length {src_tokens.size(1)} exceeds "
                              f"--max-source-positions {self.max_source_positions}")
@@ -119,14 +122,19 @@ class GraphTransformerEncoder(TransformerEncoderBase):
         x = _nodes(x, graph.num_nodes)
         states = []
         for idx, layer in enumerate(self.layers):
-            # the last layer's span nodes are read by nobody
-            x = layer(x, absent, graph, out_rows=length if idx == len(self.layers) - 1 else None)
+            # the last layer's span nodes are read by nobody, unless the root is asked for
+            last = idx == len(self.layers) - 1
+            x = layer(x, absent, graph, out_rows=length if last and not return_root else None)
             if return_all_hiddens:
                 states.append(x[:length])
         if self.layer_norm is not None:
             x = self.layer_norm(x)
+        root = []
+        if return_root:
+            root = [x[root_rows(lengths, length).to(x.device), torch.arange(x.size(1), device=x.device)]]
         return {
             "encoder_out": [x[:length]],  # T x B x C, token nodes only
+            "encoder_root": root,
             "encoder_padding_mask": [padding],
             "encoder_embedding": [embedding],
             "encoder_states": states,

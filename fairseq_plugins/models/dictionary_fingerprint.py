@@ -41,8 +41,12 @@ class DictionaryFingerprint:
         super().__init__(*args, **kwargs)
         self.register_buffer(BUFFER, self._current_fingerprint())
 
+    def fingerprinted_dictionaries(self):
+        """(source, target) dictionaries; an encoder-only model returns its dictionary twice."""
+        return self.encoder.dictionary, self.decoder.dictionary
+
     def _current_fingerprint(self) -> torch.Tensor:
-        return torch.tensor([fingerprint(self.encoder.dictionary), fingerprint(self.decoder.dictionary)])
+        return torch.tensor([fingerprint(d) for d in self.fingerprinted_dictionaries()])
 
     def upgrade_state_dict_named(self, state_dict, name):
         """fairseq calls this on every checkpoint before loading it: check, or fill in for old ones."""
@@ -52,7 +56,7 @@ class DictionaryFingerprint:
         saved = state_dict.get(key)
         if saved is not None and not torch.equal(saved.cpu(), current):
             sides = [side for side, a, b in zip(SIDES, saved.tolist(), current.tolist()) if a != b]
-            sizes = {"source": len(self.encoder.dictionary), "target": len(self.decoder.dictionary)}
+            sizes = dict(zip(SIDES, map(len, self.fingerprinted_dictionaries())))
             message = (
                 f"the checkpoint was trained with another {' and '.join(sides)} dictionary than the one "
                 f"loaded now ({', '.join(f'{s}: {sizes[s]} symbols' for s in sides)}); words would map to "

@@ -18,6 +18,7 @@ A config holds everything needed to rerun one row::
     evaluate: {...}              # other tasks: options of their evaluation command
     sacrebleu_tokenize: intl     # sacrebleu's tokenizer for the detokenized score (default 13a; zh
                                  # for a Chinese target)
+    seeds: 10                    # the paper's protocol: N runs (fairseq seeds 1..N), scored as mean and deviation
     note: ...                    # which values the paper leaves open, and what we chose
 
 Options are fairseq command-line flags without the leading ``--``: ``true`` is a bare
@@ -42,7 +43,8 @@ _REQUIRED = {"paper": str, "table": str, "row": str, "data": str, "arch": str,
              "model": dict, "train": dict, "gpus": int, "average_last": int}
 _OPTIONAL = {"column": str, "reported": dict, "task": dict, "note": str, "sacrebleu_tokenize": str,
              "generate": dict,  # fairseq-generate options (translation tasks)
-             "evaluate": dict}  # options of the task's own evaluation command (e.g. fairseq-eval-lm)
+             "evaluate": dict,  # options of the task's own evaluation command (e.g. fairseq-eval-lm)
+             "seeds": int}  # runs of the paper's protocol (seeds 1..N), scored as mean and deviation
 SACREBLEU_TOKENIZERS = ("13a", "intl", "zh", "char", "none")
 # flags the scripts set themselves; a config must not carry them
 _RESERVED = {"user-dir", "arch", "save-dir", "path", "distributed-world-size", "gen-subset", "remove-bpe",
@@ -95,6 +97,8 @@ def load_config(path) -> Dict[str, Any]:
             raise ConfigError(f"{path}: '{section}' sets {sorted(clash)}, which the scripts set themselves")
     if cfg.get("sacrebleu_tokenize", "13a") not in SACREBLEU_TOKENIZERS:
         raise ConfigError(f"{path}: sacrebleu_tokenize must be one of {SACREBLEU_TOKENIZERS}")
+    if cfg.get("seeds", 1) < 1 or "seed" in cfg["train"] and "seeds" in cfg:
+        raise ConfigError(f"{path}: seeds must be >= 1, and a config with seeds sets no train seed")
     if cfg["gpus"] < 1 or cfg["average_last"] < 0:
         raise ConfigError(f"{path}: gpus must be >= 1 and average_last >= 0")
     cfg.setdefault("task", {})
@@ -135,6 +139,14 @@ def run_key(cfg: Dict[str, Any]) -> str:
     what = {k: cfg[k] for k in ("data", "arch", "task", "model", "train", "gpus")}
     digest = hashlib.sha1(json.dumps(what, sort_keys=True).encode()).hexdigest()[:8]
     return f"{cfg['data']}.{cfg['arch']}.{digest}"
+
+
+def seed_configs(cfg: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """One config per run of the paper's seed protocol (``seeds: N``: fairseq seeds 1..N), each its
+    own training run; a config without ``seeds`` is its only run."""
+    if not cfg.get("seeds"):
+        return [cfg]
+    return [dict(cfg, train=dict(cfg["train"], seed=seed)) for seed in range(1, cfg["seeds"] + 1)]
 
 
 def scaled_update_freq(cfg: Dict[str, Any], world_size: int) -> int:

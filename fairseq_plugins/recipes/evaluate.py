@@ -26,7 +26,8 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .config import generate_flags, load_config, run_key, target_context
+from . import evaluate_classification
+from .config import generate_flags, load_config, run_key, seed_configs, target_context
 from .data.common import unsegment_chinese
 from .train import default_data_dir, local_devices
 
@@ -124,6 +125,10 @@ def generate(cfg, data: Path, checkpoint: Path, subset: str, cpu: bool, extra: L
 
 
 def evaluate(cfg, data: Path, checkpoint: Path, subset: str, results_dir: Path, extra: List[str] = ()) -> dict:
+    if cfg["task"].get("task") in evaluate_classification.TASKS:  # every seed's run of the same checkpoint name
+        runs = [checkpoint.parent.parent / run_key(c) / checkpoint.name for c in seed_configs(cfg)]
+        return evaluate_classification.evaluate(cfg, data, runs if cfg.get("seeds") else [checkpoint], subset,
+                                                results_dir)
     out = generate(cfg, data, checkpoint, subset, cpu=local_devices() == 0, extra=extra)
     work = results_dir / cfg["name"]
     work.mkdir(parents=True, exist_ok=True)
@@ -154,7 +159,7 @@ def main(argv=None) -> dict:
     args = p.parse_args(ours)
     cfg = load_config(args.config)
     data = args.data or default_data_dir(cfg)
-    checkpoint = args.checkpoint or checkpoint_for(cfg, args.runs_dir / run_key(cfg))
+    checkpoint = args.checkpoint or checkpoint_for(cfg, args.runs_dir / run_key(seed_configs(cfg)[-1]))
     if not checkpoint.exists():
         sys.exit(f"{checkpoint} does not exist: train first (fairseq-plugins-train {args.config})")
     return evaluate(cfg, data, checkpoint, args.subset, args.results_dir, extra)

@@ -2,6 +2,7 @@
 
     fairseq-plugins-prepare-data wmt14-en-de-bpt --out data-bin/wmt14_en_de_bpt
     fairseq-plugins-prepare-data multi30k-en-de --raw-dir ../shared/data/multi30k --out data-bin/multi30k
+    fairseq-plugins-prepare-data sst5-phrases --out data-bin/sst5-phrases    # classification: word level, no BPE
 
 Without ``--raw-dir`` the raw training files are downloaded from their public sources into
 ``--cache-dir``; with it, the raw files (extracted, gzipped or still in their archives)
@@ -16,10 +17,10 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from .data import iwslt, multi30k, wmt
+from .data import classification, iwslt, multi30k, wmt
 from .data.common import DEFAULT_CACHE, ZH_SEGMENTATIONS, prepare
 
-CORPORA = {**wmt.CORPORA, **iwslt.CORPORA, **multi30k.CORPORA}
+CORPORA = {**wmt.CORPORA, **iwslt.CORPORA, **multi30k.CORPORA, **classification.CORPORA}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,6 +62,12 @@ def main(argv=None) -> Path:
     args = build_parser().parse_args(argv)
     if args.raw_dir is not None and not args.raw_dir.is_dir():
         sys.exit(f"--raw-dir {args.raw_dir} is not a directory")
+    if args.corpus in classification.CORPORA:  # word-level sentence_prediction / sequence_tagging layout
+        try:
+            return classification.prepare(args.corpus, args.raw_dir, args.cache_dir, args.out,
+                                          binarize=not args.no_binarize, workers=args.workers)
+        except classification.RawFilesMissing as err:
+            sys.exit(str(err))
     splits, recipe = CORPORA[args.corpus](args.raw_dir, args.cache_dir, args.extra_parallel)
     check_training_size(args.corpus, len(splits["train"].src), recipe, args.allow_less_training_data)
     if args.bpe_merges is not None:

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from . import evaluate, prepare_data, results_table, train
-from .config import CONFIG_DIR, load_tables, run_key
+from .config import CONFIG_DIR, load_tables, run_key, seed_configs
 
 STAGES = ("prepare", "train", "evaluate", "table")
 
@@ -55,7 +55,8 @@ def main(argv=None) -> str:
         sys.exit(f"{args.table} has no configs to run")
     runs = {}
     for cfg in configs:
-        runs.setdefault(run_key(cfg), []).append(cfg)
+        for run in seed_configs(cfg):  # a config with the paper's seed protocol trains once per seed
+            runs.setdefault(run_key(run), []).append(run)
     print(f"{args.table}: {len(configs)} rows, {len(runs)} training runs", flush=True)
     for i, (key, cfgs) in enumerate(runs.items(), 1):
         cfg = cfgs[0]
@@ -82,9 +83,13 @@ def main(argv=None) -> str:
                 targs += ["--nnodes", str(args.nnodes), "--node-rank", str(args.node_rank),
                           "--master-addr", args.master_addr, "--master-port", str(args.master_port)]
             targs += ["--fp16"] * args.fp16 + ["--dry-run"] * args.dry_run
+            if cfg.get("seeds"):
+                targs += ["--seed", str(cfg["train"]["seed"])]
             train.main(targs + (["--", *extra] if extra else []))
         if "evaluate" in stages and args.node_rank == 0:  # the other nodes only trained
             for c in cfgs:
+                if run_key(seed_configs(c)[-1]) != key:
+                    continue  # scored with its last seed's run, over all of them
                 done = args.results_dir / f"{c['name']}.json"
                 if done.exists():
                     print(f"  {c['name']}: already evaluated ({done})", flush=True)

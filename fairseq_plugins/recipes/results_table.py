@@ -16,7 +16,7 @@ from typing import List
 
 from .config import all_configs, load_tables
 
-METRIC_NAMES = {"sacrebleu": "SacreBLEU", "tokenized": "tok. BLEU"}
+METRIC_NAMES = {"sacrebleu": "SacreBLEU", "tokenized": "tok. BLEU", "accuracy": "Acc.", "f1": "F1"}
 CONTEXT_MARKS = {
     "oracle-reference": "**oracle context** (reference translations of the preceding sentences)",
     "same-pass": "context translated in the same beam search (same-pass)",
@@ -69,7 +69,7 @@ def render(table_id: str, results_dir: Path, configs=None) -> str:
                 continue
             where = f"{col}: " if len(spec["columns"]) > 1 else ""
             notes.append(where + f"{res.get('test_set', 'test set not recorded')}, " + ", ".join(
-                f"{METRIC_NAMES[m]} `{res[f'{m}_signature']}`" for m in metrics))
+                f"{METRIC_NAMES[m]} `{res[f'{m}_signature']}`" for m in metrics if f"{m}_signature" in res))
             if res.get("training_pairs", 0) < res.get("paper_training_pairs", 0):
                 notes.append(where + f"trained on {res['training_pairs']:,} pairs, the paper on about "
                              f"{res['paper_training_pairs']:,}")

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from .config import load_config, run_key, train_flags
+from .config import load_config, run_key, seed_configs, train_flags
 
 
 def default_data_dir(cfg) -> Path:
@@ -82,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fairseq's --update-freq (default auto: the paper's batch on these devices)")
     p.add_argument("--fp16", action="store_true", help="mixed precision (GPU)")
     p.add_argument("--dry-run", action="store_true", help="print the command only")
+    p.add_argument("--seed", type=int, help="a config with seeds: train only this seed's run (default: every seed)")
     return p
 
 
@@ -101,14 +102,20 @@ def main(argv=None) -> Path:
     data = args.data or default_data_dir(cfg)
     if not args.dry_run and not data.is_dir():
         sys.exit(f"{data} does not exist: fairseq-plugins-prepare-data {cfg['data']} --out {data}")
-    save_dir = args.runs_dir / run_key(cfg)
+    runs = seed_configs(cfg)
+    if args.seed is not None:
+        runs = [run for run in runs if run["train"].get("seed") == args.seed]
+        if not runs:
+            sys.exit(f"--seed {args.seed}: {args.config} has seeds 1..{cfg.get('seeds', 0)}")
     gpus = local_devices() if args.world_size is None else args.world_size
-    cmd = build_command(cfg, data, save_dir, gpus, args.nnodes, args.node_rank, args.master_addr,
-                        args.master_port, args.fp16, extra, args.update_freq)
-    print(shlex.join(cmd), flush=True)
-    if not args.dry_run:
-        save_dir.mkdir(parents=True, exist_ok=True)
-        subprocess.run(cmd, check=True)
+    for run in runs:  # the paper's seed protocol: one run per seed, one after the other
+        save_dir = args.runs_dir / run_key(run)
+        cmd = build_command(run, data, save_dir, gpus, args.nnodes, args.node_rank, args.master_addr,
+                            args.master_port, args.fp16, extra, args.update_freq)
+        print(shlex.join(cmd), flush=True)
+        if not args.dry_run:
+            save_dir.mkdir(parents=True, exist_ok=True)
+            subprocess.run(cmd, check=True)
     return save_dir
 
 

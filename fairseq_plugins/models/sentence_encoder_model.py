@@ -1,0 +1,149 @@
+"""An encoder with classification heads, for fairseq's ``sentence_prediction`` task and the
+plugin's ``sequence_tagging`` task.
+
+The model is an encoder (one of the plugin's, or fairseq's transformer encoder: each subclass
+overrides ``build_encoder``), a readout that turns its states into one vector per sentence
+(:mod:`fairseq_plugins.modules.common.sentence_readout`; each architecture defaults to its
+paper's) and named heads, as fairseq's RoBERTa has them: ``register_classification_head``
+and ``classification_heads``. A head registered with ``token_level=True`` (the tagger's)
+classifies every token's state instead of the sentence vector.
+
+Inputs may start from pre-trained word vectors: ``--encoder-embed-path`` names a GloVe text
+file (fairseq's flag; read as GloVe here), ``--freeze-embeddings`` keeps them fixed as the
+BPT and SegTree papers do.
+"""
+
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from fairseq.dataclass import ChoiceEnum
+from fairseq.models import BaseFairseqModel
+from fairseq.models.transformer import Embedding, TransformerConfig
+
+from fairseq_plugins.models.dictionary_fingerprint import DictionaryFingerprint
+from fairseq_plugins.models.model_options import add_config_args, check_at_least, check_choice
+from fairseq_plugins.modules.common.classification_heads import ClassificationHead
+from fairseq_plugins.modules.common.pretrained_embeddings import load_pretrained
+from fairseq_plugins.modules.common.sentence_readout import READOUTS, readout_dim, sentence_vector
+
+
+@dataclass
+class ClassifierOptions:
+    """The options every sentence classifier adds to its encoder's."""
+
+    sentence_readout: ChoiceEnum(READOUTS) = field(default="cls-max", metadata={
+        "help": "sentence vector: root (tree root node: BPT, SegTree), cls-max ([CLS] joined with max-pooling: "
+                "Multi-Scale), cls (first token: RoBERTa), max, mean"})
+    classifier_layers: int = field(default=2, metadata={
+        "help": "layers of the classification head: 1 (dropout, linear: BPT) or 2 (MLP: Multi-Scale)"})
+    classifier_inner_dim: int = field(default=0, metadata={
+        "help": "hidden width of a 2-layer head (0: the encoder's embedding dim)"})
+    pooler_dropout: float = field(default=0.0, metadata={"help": "dropout before (and inside) the head"})
+    pooler_activation_fn: str = field(default="relu", metadata={"help": "activation inside a 2-layer head"})
+    freeze_embeddings: bool = field(default=False, metadata={
+        "help": "keep the input embeddings fixed (with --encoder-embed-path: fixed GloVe, as BPT and SegTree)"})
+
+
+class SentenceEncoderModel(DictionaryFingerprint, BaseFairseqModel):
+    """Encoder + readout + named classification heads (subclasses choose the encoder)."""
+
+    config_class = TransformerConfig  # a subclass's config, with ClassifierOptions among its bases
+
+    def __init__(self, cfg, encoder):
+        BaseFairseqModel.__init__(self)  # the fingerprint's buffer is registered below, once encoder exists
+        self.encoder = encoder
+        self.cfg = cfg
+        self.args = cfg  # fairseq's criteria look up optional settings on model.args
+        self.readout = cfg.sentence_readout
+        self.classification_heads = nn.ModuleDict()
+        self.register_buffer("dictionary_fingerprint", self._current_fingerprint())
+
+    def fingerprinted_dictionaries(self):
+        return self.encoder.dictionary, self.encoder.dictionary
+
+    @classmethod
+    def add_args(cls, parser):
+        add_config_args(parser, cls.config_class)
+
+    @classmethod
+    def build_model(cls, args, task):
+        cfg = cls.config_class.from_namespace(args)
+        if getattr(args, "max_positions", None):  # set by sentence_prediction and sequence_tagging
+            cfg.max_source_positions = args.max_positions
+        check_choice(cfg, "sentence_readout", READOUTS)
+        check_at_least(cfg, "classifier_layers", 1)
+        cls.check_options(cfg)
+        dictionary = task.source_dictionary
+        embed_tokens = Embedding(len(dictionary), cfg.encoder.embed_dim, dictionary.pad())
+        if cfg.encoder.embed_path:
+            load_pretrained(embed_tokens, dictionary, cfg.encoder.embed_path)
+        if cfg.freeze_embeddings:
+            embed_tokens.weight.requires_grad_(False)
+        return cls(cfg, cls.build_encoder(cfg, dictionary, embed_tokens))
+
+    @classmethod
+    def check_options(cls, cfg):
+        """Clear errors for options this encoder cannot have."""
+        if cfg.sentence_readout == "root":
+            raise ValueError("--sentence-readout root needs a tree encoder (bpt_classifier, segtree_classifier)")
+
+    @classmethod
+    def build_encoder(cls, cfg, dictionary, embed_tokens):
+        raise NotImplementedError
+
+    def max_positions(self):
+        return self.encoder.max_positions()
+
+    def register_classification_head(self, name, num_classes=None, inner_dim=None, token_level=False, **kwargs):
+        """A head over the sentence vector, or with ``token_level`` over each token's state."""
+        embed_dim = self.cfg.encoder.embed_dim
+        input_dim = embed_dim if token_level else readout_dim(self.readout, embed_dim)
+        self.classification_heads[name] = ClassificationHead(
+            input_dim, inner_dim or self.cfg.classifier_inner_dim or embed_dim, num_classes,
+            self.cfg.classifier_layers, self.cfg.pooler_activation_fn, self.cfg.pooler_dropout,
+            token_level=token_level,
+        )
+
+    def forward(self, src_tokens, src_lengths=None, features_only=True, classification_head_name=None, **kwargs):
+        """Logits of the head ``classification_head_name`` ([B x classes], a tagger's [B x T x
+        classes]), or without a head the sentence vectors [B x D]; second: the encoder's output."""
+        want_root = self.readout == "root"
+        out = self.encoder(src_tokens, src_lengths=src_lengths, **({"return_root": True} if want_root else {}))
+        tokens = out["encoder_out"][0]
+        padding = out["encoder_padding_mask"][0] if out["encoder_padding_mask"] else None
+        head = self.classification_heads[classification_head_name] if classification_head_name else None
+        if head is not None and head.token_level:
+            return head(tokens.transpose(0, 1)), out
+        root = out["encoder_root"][0] if want_root else None
+        features = sentence_vector(self.readout, tokens, padding, root)
+        return (features if head is None else head(features)), out
+
+    def get_targets(self, sample, net_output):
+        return sample["target"]
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        # fairseq's loader may also hand over heads this model lacks; keep only known ones
+        prefix = name + "." if name else ""
+        for key in [k for k in state_dict if k.startswith(prefix + "classification_heads.")]:
+            head = key[len(prefix + "classification_heads."):].split(".")[0]
+            if head not in self.classification_heads:
+                del state_dict[key]
+        super().upgrade_state_dict_named(state_dict, name)
+
+    @classmethod
+    def from_pretrained(cls, model_name_or_path, checkpoint_file="checkpoint_best.pt", data_name_or_path=".",
+                        **kwargs):
+        """A hub interface (``encode``, ``predict``, ``predict_label``) over a local checkpoint."""
+        from fairseq import hub_utils
+
+        from fairseq_plugins.models.sentence_hub_interface import SentenceHubInterface
+
+        loaded = hub_utils.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path,
+                                           archive_map={}, **kwargs)
+        return SentenceHubInterface(loaded["args"], loaded["task"], loaded["models"][0])
+
+    @classmethod
+    def hub_models(cls):
+        return {}
+
