@@ -35,14 +35,20 @@ def fingerprint(dictionary) -> int:
 
 
 class DictionaryFingerprint:
-    """Mixin for an encoder-decoder fairseq model, listed before it in the bases."""
+    """Mixin for a fairseq model (encoder-decoder or language model), listed before it in the bases."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.register_buffer(BUFFER, self._current_fingerprint())
 
+    def _dictionaries(self):
+        """(source, target); a language model has only its decoder's, which is both."""
+        encoder = getattr(self, "encoder", None)
+        source = self.decoder if encoder is None else encoder
+        return source.dictionary, self.decoder.dictionary
+
     def _current_fingerprint(self) -> torch.Tensor:
-        return torch.tensor([fingerprint(self.encoder.dictionary), fingerprint(self.decoder.dictionary)])
+        return torch.tensor([fingerprint(d) for d in self._dictionaries()])
 
     def upgrade_state_dict_named(self, state_dict, name):
         """fairseq calls this on every checkpoint before loading it: check, or fill in for old ones."""
@@ -52,7 +58,7 @@ class DictionaryFingerprint:
         saved = state_dict.get(key)
         if saved is not None and not torch.equal(saved.cpu(), current):
             sides = [side for side, a, b in zip(SIDES, saved.tolist(), current.tolist()) if a != b]
-            sizes = {"source": len(self.encoder.dictionary), "target": len(self.decoder.dictionary)}
+            sizes = dict(zip(SIDES, map(len, self._dictionaries())))
             message = (
                 f"the checkpoint was trained with another {' and '.join(sides)} dictionary than the one "
                 f"loaded now ({', '.join(f'{s}: {sizes[s]} symbols' for s in sides)}); words would map to "
