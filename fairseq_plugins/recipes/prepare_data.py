@@ -1,7 +1,8 @@
-"""Prepare a translation corpus into a fairseq data-bin.
+"""Prepare a translation or language-modelling corpus into a fairseq data-bin.
 
     fairseq-plugins-prepare-data wmt14-en-de-bpt --out data-bin/wmt14_en_de_bpt
     fairseq-plugins-prepare-data multi30k-en-de --raw-dir ../shared/data/multi30k --out data-bin/multi30k
+    fairseq-plugins-prepare-data enwik8 --out data-bin/enwik8     (also text8, ptb, wikitext-2)
 
 Without ``--raw-dir`` the raw training files are downloaded from their public sources into
 ``--cache-dir``; with it, the raw files (extracted, gzipped or still in their archives)
@@ -16,15 +17,17 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from .data import iwslt, multi30k, wmt
+from .data import iwslt, language_modeling, multi30k, wmt
 from .data.common import DEFAULT_CACHE, ZH_SEGMENTATIONS, prepare
 
 CORPORA = {**wmt.CORPORA, **iwslt.CORPORA, **multi30k.CORPORA}
+LM_CORPORA = language_modeling.CORPORA
+TRANSLATION_ONLY = ("bpe_merges", "vocab_size", "zh_segmentation", "extra_parallel")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("corpus", choices=sorted(CORPORA))
+    p.add_argument("corpus", choices=sorted({**CORPORA, **LM_CORPORA}))
     p.add_argument("--out", type=Path, required=True, help="data-bin directory to write")
     p.add_argument("--raw-dir", type=Path, help="local copy of the raw files (no download)")
     p.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where downloads go")
@@ -36,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--extra-parallel", type=Path, action="append", default=[], metavar="PREFIX",
                    help="more training data as PREFIX.{src} / PREFIX.{tgt} (e.g. UN, CWMT)")
     p.add_argument("--no-binarize", action="store_true", help="stop before fairseq-preprocess")
+    p.add_argument("--heldout-chars", type=int, default=language_modeling.HELDOUT_CHARS,
+                   help="enwik8/text8: symbols in each of valid and test (default: the standard 5M)")
     return p
 
 
@@ -43,6 +48,13 @@ def main(argv=None) -> Path:
     args = build_parser().parse_args(argv)
     if args.raw_dir is not None and not args.raw_dir.is_dir():
         sys.exit(f"--raw-dir {args.raw_dir} is not a directory")
+    if args.corpus in LM_CORPORA:
+        given = [name for name in TRANSLATION_ONLY if getattr(args, name) not in (None, [])]
+        if given:
+            sys.exit(f"{args.corpus} is a language-modelling corpus: "
+                     f"{', '.join('--' + n.replace('_', '-') for n in given)} do not apply")
+        return language_modeling.prepare(args.corpus, args.raw_dir, args.cache_dir, args.out, workers=args.workers,
+                                         binarize=not args.no_binarize, heldout_chars=args.heldout_chars)
     splits, recipe = CORPORA[args.corpus](args.raw_dir, args.cache_dir, args.extra_parallel)
     if args.bpe_merges is not None:
         if args.bpe_merges < 1:
