@@ -1,4 +1,5 @@
-"""Translate a test set with fairseq-generate, detokenize, and score with sacrebleu's Python API.
+"""Translate a test set with fairseq-generate, detokenize, and score with sacrebleu's Python API
+(language models: ``evaluate_lm``, bits per character or perplexity from fairseq-eval-lm).
 
     fairseq-plugins-evaluate configs/bpt/table7_bpt_k4.yaml        # averages, generates, scores
     fairseq-plugins-evaluate CONFIG --checkpoint path/to/checkpoint.pt
@@ -121,6 +122,10 @@ def generate(cfg, data: Path, checkpoint: Path, subset: str, cpu: bool, extra: L
 
 
 def evaluate(cfg, data: Path, checkpoint: Path, subset: str, results_dir: Path, extra: List[str] = ()) -> dict:
+    if cfg["task"].get("task") == "language_modeling":
+        from . import evaluate_lm
+
+        return evaluate_lm.evaluate(cfg, data, checkpoint, subset, results_dir, extra, cpu=local_devices() == 0)
     out = generate(cfg, data, checkpoint, subset, cpu=local_devices() == 0, extra=extra)
     work = results_dir / cfg["name"]
     work.mkdir(parents=True, exist_ok=True)
