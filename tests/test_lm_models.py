@@ -121,3 +121,28 @@ def test_bad_options_raise(tmp_path):
         build(tmp_path, "window_lm", ["--attention-window", "0"])
     with pytest.raises(ValueError, match="adaptive-input"):
         build(tmp_path, "bpt_lm", ["--adaptive-input"])
+
+
+LM_ARCHS = ["bpt_lm", "bpt_lm_enwik8", "bpt_lm_text8", "segtree_lm", "segtree_lm_ptb", "segtree_lm_wikitext2",
+            "window_lm"]
+
+
+@pytest.mark.parametrize("arch", LM_ARCHS)
+def test_architectures_fill_only_unset_plugin_options(arch):
+    import argparse
+
+    from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+
+    from fairseq_plugins.models.bpt_lm import LM_GRAPH_OPTIONS
+
+    names = ("attention_window",) if arch == "window_lm" else LM_GRAPH_OPTIONS
+    parser = argparse.ArgumentParser(argument_default=argparse.SUPPRESS)
+    ARCH_MODEL_REGISTRY[arch].add_args(parser)
+    assert set(names) <= {action.dest for action in parser._actions}
+    set_by_user = {name: object() for name in names}
+    args = argparse.Namespace(**set_by_user)
+    ARCH_CONFIG_REGISTRY[arch](args)
+    assert {name: getattr(args, name) for name in names} == set_by_user
+    unset = argparse.Namespace()
+    ARCH_CONFIG_REGISTRY[arch](unset)
+    assert all(getattr(unset, name) is not None for name in names)

@@ -91,8 +91,7 @@ def check_at_least(cfg, name: str, minimum: int) -> None:
 def config_with_options(name: str, base, source, names: Iterable[str], module: str):
     """A dataclass ``name`` deriving from ``base`` plus the options ``names`` as ``source``
     declares them (type, default, help): a model family with another fairseq base config
-    (e.g. ``TransformerLanguageModelConfig``) shares the option definitions instead of copying
-    them, and hydra configs keep them because they are declared fields."""
+    (e.g. ``TransformerLanguageModelConfig``) shares the option definitions instead of copying them."""
     declared = {f.name: f for f in dataclasses.fields(source)}
     unknown = [n for n in names if n not in declared]
     if unknown:
