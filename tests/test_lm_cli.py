@@ -2,12 +2,14 @@
 fairseq-train, fairseq-eval-lm (non-overlapping and sliding window, as fairseq-plugins-evaluate
 runs it) and sampling with fairseq-generate."""
 
+import json
 import re
 from pathlib import Path
 
 import pytest
 
 from fairseq_plugins.recipes import evaluate_lm, prepare_data
+from fairseq_plugins.recipes.evaluate import evaluate
 from tests.cli import USER_DIR, run_cli
 
 LM = Path(__file__).resolve().parent / "fixtures" / "lm"
@@ -49,6 +51,15 @@ def test_train_eval_lm_sample(enwik8_bin, tmp_path, arch):
     # the test split ends in a newline: every byte is one token, its newlines the </s>
     assert blocks["tokens"] == sliding["tokens"] == HELDOUT
     assert 0 < blocks["loss_base2"] < 8 and 0 < sliding["loss_base2"] < 8  # 8 bits: uniform over bytes
+
+    if arch == "bpt_lm":  # what fairseq-plugins-evaluate does with a config's evaluate: section
+        cfg = {"name": "tiny_bpt_lm", "table": "t", "row": "r", "column": "c", "data": "enwik8",
+               "task": {"task": "language_modeling"},
+               "evaluate": {"tokens-per-sample": 64, "context-window": 48, "max-tokens": 512}}
+        result = evaluate(cfg, enwik8_bin, checkpoint, "test", tmp_path / "results")
+        saved = json.loads((tmp_path / "results" / "tiny_bpt_lm.json").read_text())
+        assert saved["bpc"] == result["bpc"] == pytest.approx(sliding["loss_base2"])
+        assert "48 tokens of context" in saved["bpc_signature"] and saved["tokens"] == HELDOUT
 
     out = run_cli("fairseq-generate", enwik8_bin, "--user-dir", USER_DIR, "--task", "language_modeling",
                   "--path", checkpoint, "--gen-subset", "test", "--tokens-per-sample", "16", "--sampling",
