@@ -181,7 +181,8 @@ def main(argv=None):
                              "peak_mb": float("nan") if args.no_memory else peak_growth(name, args, c)}
                     for c in args.contexts} for name, s in seconds.items()}
     sampling = {n: {str(m): v for m, v in by.items()} for n, by in sampling_seconds_per_token(args).items()}
-    result = {"machine": machine_line(), "args": vars(args) | {"out": str(args.out)}, "train": train,
+    machine = machine_line().replace("scripts/benchmark_graph_attention.py", "-m scripts.benchmark_lm")
+    result = {"machine": machine, "args": vars(args) | {"out": str(args.out)}, "train": train,
               "sampling": sampling}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
