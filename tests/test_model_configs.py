@@ -10,14 +10,17 @@ import torch
 from omegaconf import OmegaConf
 
 from fairseq import options, tasks
-from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY, FairseqLanguageModel
 
 from fairseq_plugins.models import bpt_transformer
 from fairseq_plugins.models.bpt_transformer import GraphTransformerConfig
 from fairseq_plugins.models.model_options import own_fields
 from tests.cli import TINY_MODEL_ARGS, USER_DIR
 
-PLUGIN_ARCHS = sorted(a for a, cls in ARCH_MODEL_REGISTRY.items() if cls.__module__.startswith("fairseq_plugins."))
+
+# the translation models; the language models' options: tests/test_lm_models.py
+PLUGIN_ARCHS = sorted(a for a, cls in ARCH_MODEL_REGISTRY.items()
+                      if cls.__module__.startswith("fairseq_plugins.") and not issubclass(cls, FairseqLanguageModel))
 VOCAB = 30
 
 

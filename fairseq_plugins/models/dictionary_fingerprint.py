@@ -35,15 +35,18 @@ def fingerprint(dictionary) -> int:
 
 
 class DictionaryFingerprint:
-    """Mixin for an encoder-decoder fairseq model, listed before it in the bases."""
+    """Mixin for a fairseq model (encoder-decoder or language model), listed before it in the bases."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.register_buffer(BUFFER, self._current_fingerprint())
 
     def fingerprinted_dictionaries(self):
-        """(source, target) dictionaries; an encoder-only model returns its dictionary twice."""
-        return self.encoder.dictionary, self.decoder.dictionary
+        """(source, target) dictionaries; a language model has only its decoder's, which is both
+        (an encoder-only model overrides this)."""
+        encoder = getattr(self, "encoder", None)
+        source = self.decoder if encoder is None else encoder
+        return source.dictionary, self.decoder.dictionary
 
     def _current_fingerprint(self) -> torch.Tensor:
         return torch.tensor([fingerprint(d) for d in self.fingerprinted_dictionaries()])

@@ -86,3 +86,18 @@ def check_at_least(cfg, name: str, minimum: int) -> None:
     value = getattr(cfg, name)
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ValueError(f"{flag(name)} must be an integer >= {minimum}, got {value!r}")
+
+
+def config_with_options(name: str, base, source, names: Iterable[str], module: str):
+    """A dataclass ``name`` deriving from ``base`` plus the options ``names`` as ``source``
+    declares them (type, default, help): a model family with another fairseq base config
+    (e.g. ``TransformerLanguageModelConfig``) shares the option definitions instead of copying them."""
+    declared = {f.name: f for f in dataclasses.fields(source)}
+    unknown = [n for n in names if n not in declared]
+    if unknown:
+        raise TypeError(f"{source.__name__} has no options {unknown}")
+    fields = [(n, declared[n].type, dataclasses.field(default=_default(declared[n]), metadata=declared[n].metadata))
+              for n in names]
+    config_cls = dataclasses.make_dataclass(name, fields, bases=(base,))
+    config_cls.__module__ = module
+    return config_cls

@@ -1,4 +1,5 @@
-"""Translate a test set with fairseq-generate, detokenize, and score with sacrebleu's Python API.
+"""Translate a test set with fairseq-generate, detokenize, and score with sacrebleu's Python API
+(language models: ``evaluate_lm``, bits per character or perplexity from fairseq-eval-lm).
 
     fairseq-plugins-evaluate configs/bpt/table7_bpt_k4.yaml        # averages, generates, scores
     fairseq-plugins-evaluate CONFIG --checkpoint path/to/checkpoint.pt
@@ -125,6 +126,10 @@ def generate(cfg, data: Path, checkpoint: Path, subset: str, cpu: bool, extra: L
 
 
 def evaluate(cfg, data: Path, checkpoint: Path, subset: str, results_dir: Path, extra: List[str] = ()) -> dict:
+    if cfg["task"].get("task") == "language_modeling":
+        from . import evaluate_lm
+
+        return evaluate_lm.evaluate(cfg, data, checkpoint, subset, results_dir, extra, cpu=local_devices() == 0)
     if cfg["task"].get("task") in evaluate_classification.TASKS:  # every seed's run of the same checkpoint name
         runs = [checkpoint.parent.parent / run_key(c) / checkpoint.name for c in seed_configs(cfg)]
         return evaluate_classification.evaluate(cfg, data, runs if cfg.get("seeds") else [checkpoint], subset,

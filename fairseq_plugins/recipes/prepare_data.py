@@ -1,8 +1,9 @@
-"""Prepare a translation corpus into a fairseq data-bin.
+"""Prepare a translation or language-modelling corpus into a fairseq data-bin.
 
     fairseq-plugins-prepare-data wmt14-en-de-bpt --out data-bin/wmt14_en_de_bpt
     fairseq-plugins-prepare-data multi30k-en-de --raw-dir ../shared/data/multi30k --out data-bin/multi30k
     fairseq-plugins-prepare-data sst5-phrases --out data-bin/sst5-phrases    # classification: word level, no BPE
+    fairseq-plugins-prepare-data enwik8 --out data-bin/enwik8     (also text8, ptb, wikitext-2)
 
 Without ``--raw-dir`` the raw training files are downloaded from their public sources into
 ``--cache-dir``; with it, the raw files (extracted, gzipped or still in their archives)
@@ -17,15 +18,17 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from .data import classification, iwslt, multi30k, wmt
+from .data import classification, iwslt, language_modeling, multi30k, wmt
 from .data.common import DEFAULT_CACHE, ZH_SEGMENTATIONS, prepare
 
 CORPORA = {**wmt.CORPORA, **iwslt.CORPORA, **multi30k.CORPORA, **classification.CORPORA}
+LM_CORPORA = language_modeling.CORPORA
+TRANSLATION_ONLY = ("bpe_merges", "vocab_size", "zh_segmentation", "extra_parallel")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("corpus", choices=sorted(CORPORA))
+    p.add_argument("corpus", choices=sorted({**CORPORA, **LM_CORPORA}))
     p.add_argument("--out", type=Path, required=True, help="data-bin directory to write")
     p.add_argument("--raw-dir", type=Path, help="local copy of the raw files (no download)")
     p.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where downloads go")
@@ -40,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prepare a corpus with fewer training pairs than the paper trained on (e.g. wmt17-zh-en "
                         "without the UN and CWMT corpora); the pair count is recorded beside every score")
     p.add_argument("--no-binarize", action="store_true", help="stop before fairseq-preprocess")
+    p.add_argument("--heldout-chars", type=int, default=language_modeling.HELDOUT_CHARS,
+                   help="enwik8/text8: symbols in each of valid and test (default: the standard 5M)")
     return p
 
 
@@ -68,6 +73,13 @@ def main(argv=None) -> Path:
                                           binarize=not args.no_binarize, workers=args.workers)
         except classification.RawFilesMissing as err:
             sys.exit(str(err))
+    if args.corpus in LM_CORPORA:
+        given = [name for name in TRANSLATION_ONLY if getattr(args, name) not in (None, [])]
+        if given:
+            sys.exit(f"{args.corpus} is a language-modelling corpus: "
+                     f"{', '.join('--' + n.replace('_', '-') for n in given)} do not apply")
+        return language_modeling.prepare(args.corpus, args.raw_dir, args.cache_dir, args.out, workers=args.workers,
+                                         binarize=not args.no_binarize, heldout_chars=args.heldout_chars)
     splits, recipe = CORPORA[args.corpus](args.raw_dir, args.cache_dir, args.extra_parallel)
     check_training_size(args.corpus, len(splits["train"].src), recipe, args.allow_less_training_data)
     if args.bpe_merges is not None:

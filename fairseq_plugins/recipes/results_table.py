@@ -16,7 +16,8 @@ from typing import List
 
 from .config import all_configs, load_tables
 
-METRIC_NAMES = {"sacrebleu": "SacreBLEU", "tokenized": "tok. BLEU", "accuracy": "Acc.", "f1": "F1"}
+METRIC_NAMES = {"sacrebleu": "SacreBLEU", "tokenized": "tok. BLEU", "bpc": "bpc", "ppl": "ppl", "accuracy": "Acc.",
+                "f1": "F1"}
 CONTEXT_MARKS = {
     "oracle-reference": "**oracle context** (reference translations of the preceding sentences)",
     "same-pass": "context translated in the same beam search (same-pass)",

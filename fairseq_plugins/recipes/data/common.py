@@ -14,6 +14,7 @@ Layout written under ``out``::
 
 import functools
 import gzip
+import hashlib
 import json
 import logging
 import multiprocessing
@@ -71,6 +72,21 @@ class Archive:
 
     url: str
     members: Sequence[str]
+    sha256: Optional[str] = None  # of the archive as downloaded; checked before it is unpacked
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _check_sha256(path: Path, expected: Optional[str]) -> None:
+    if expected is not None and sha256_of(path) != expected:
+        raise ValueError(f"{path}: sha256 {sha256_of(path)} is not the published {expected}: the download is "
+                         f"damaged or not the expected file; delete it and run again")
 
 
 def _download(url: str, dest: Path) -> None:
@@ -87,7 +103,7 @@ def _download(url: str, dest: Path) -> None:
 
 
 def _extract(archive: Path, into: Path) -> None:
-    """Unpack .tgz/.tar.gz/.tar/.zip, or gunzip a single .gz, into ``into``."""
+    """Unpack .tgz/.tar.gz/.tar/.zip, gunzip a single .gz, or copy a plain .txt into ``into``."""
     into.mkdir(parents=True, exist_ok=True)
     name = archive.name
     log(f"extracting {name}")
@@ -100,6 +116,8 @@ def _extract(archive: Path, into: Path) -> None:
     elif name.endswith(".gz"):
         with gzip.open(archive, "rb") as src, open(into / name[: -len(".gz")], "wb") as dst:
             shutil.copyfileobj(src, dst)
+    elif name.endswith(".txt"):  # a plain file downloaded as it is (PTB)
+        shutil.copyfile(archive, into / name)
     else:
         raise ValueError(f"don't know how to unpack {archive}")
 
@@ -126,7 +144,8 @@ def locate(
 
     With ``raw_dir`` the files (or the archives themselves, still packed) must be under
     it: nothing is downloaded. Without it each archive is downloaded into ``cache_dir``
-    once and unpacked there.
+    once and unpacked there. An archive with a published ``sha256`` is checked before it is
+    unpacked.
     """
     found: Dict[str, Path] = {}
     missing: List[str] = []
@@ -146,6 +165,7 @@ def locate(
                 if not packed.exists():
                     _download(arc.url, packed)
             if packed is not None:
+                _check_sha256(packed, arc.sha256)
                 _extract(packed, unpacked)
                 paths = {m: lookup(m) for m in arc.members}
         for member, path in paths.items():
@@ -538,3 +558,17 @@ def fairseq_preprocess(text_dir: Path, destdir: Path, src: str, tgt: str, splits
     log("running " + " ".join(cmd))
     subprocess.run(cmd, check=True)
 
+
+
+def fairseq_preprocess_only_source(text_dir: Path, destdir: Path, splits: Sequence[str], workers: int = 1) -> None:
+    """Binarize monolingual ``text_dir/{split}.txt`` for ``--task language_modeling``
+    (``--only-source``: ``dict.txt`` and ``{split}.bin/.idx``; every symbol is kept)."""
+    exe = shutil.which("fairseq-preprocess")
+    if exe is None:
+        raise RuntimeError("fairseq-preprocess not found on PATH: install fairseq with fairseq-plugins-install-fairseq")
+    cmd = [exe, "--only-source", "--destdir", str(destdir), "--workers", str(max(1, workers))]
+    for split in splits:
+        cmd += [{"train": "--trainpref", "valid": "--validpref", "test": "--testpref"}[split],
+                str(text_dir / f"{split}.txt")]
+    log("running " + " ".join(cmd))
+    subprocess.run(cmd, check=True)

@@ -1,0 +1,82 @@
+"""Score a language model with fairseq-eval-lm as the papers report it.
+
+``fairseq-eval-lm`` prints the mean loss per token in base 2 over the subset's tokens, every
+line's ``</s>`` included (``Loss (base 2): ...``). That is the result's unit:
+
+* enwik8, text8: bits per character (``bpc``); a token is a byte (enwik8) or a character
+  (text8), the newline byte / the line-cutting space is the ``</s>``
+  (``fairseq_plugins.recipes.data.language_modeling``), so the mean is over the split's
+  characters (plus one ``</s>`` at the split's end).
+* PTB, WikiText-2: perplexity (``ppl`` = 2 ** loss) over words and ``</s>``.
+
+Evaluation context: the config's ``evaluate:`` section holds fairseq-eval-lm's flags. With
+``tokens-per-sample: l`` and no ``context-window`` the subset is cut into non-overlapping blocks
+of l tokens, each scored from its own start (the original BPT code's ``eval_length = length``;
+the SegTree paper's equal-length sequences); ``context-window: c`` scores blocks of l - c new
+tokens, each after the c tokens before it (the sliding window of Transformer-XL and Adaptive
+Span; c = l - 1 is one token at a time). ``subset: valid`` scores the dev split (a table's dev
+column).
+"""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import List
+
+from .config import USER_DIR, to_flags
+from .data.language_modeling import CORPORA
+
+_LOSS = re.compile(r"Loss \(base 2\): ([0-9.]+), Perplexity: ([0-9.]+)")
+_TOKENS = re.compile(r"Evaluated ([0-9,]+) tokens in ([0-9.]+)s")
+
+
+def metric_of(cfg) -> str:
+    if cfg["data"] not in CORPORA:
+        raise ValueError(f"{cfg['name']}: data {cfg['data']!r} is not a language-modelling corpus "
+                         f"({', '.join(CORPORA)})")
+    return CORPORA[cfg["data"]].metric
+
+
+def eval_lm_flags(cfg, subset: str) -> List[str]:
+    options = {k: v for k, v in cfg["evaluate"].items() if k != "subset"}
+    return ["--user-dir", str(USER_DIR), "--gen-subset", subset, *to_flags(cfg["task"]), *to_flags(options)]
+
+
+def parse(output: str) -> dict:
+    loss, tokens = _LOSS.search(output), _TOKENS.search(output)
+    if loss is None or tokens is None:
+        raise ValueError(f"no loss line in fairseq-eval-lm's output:\n{output[-3000:]}")
+    count = int(tokens.group(1).replace(",", ""))
+    return {"loss_base2": float(loss.group(1)), "tokens": count,
+            "tokens_per_second": count / max(float(tokens.group(2)), 1e-9)}
+
+
+def evaluate(cfg, data: Path, checkpoint: Path, subset: str, results_dir: Path, extra: List[str] = (),
+             cpu: bool = False) -> dict:
+    exe = shutil.which("fairseq-eval-lm")
+    if exe is None:
+        raise RuntimeError("fairseq-eval-lm not found on PATH: install fairseq with fairseq-plugins-install-fairseq")
+    subset = cfg["evaluate"].get("subset", subset)
+    metric = metric_of(cfg)
+    cmd = [exe, str(data), "--path", str(checkpoint), *eval_lm_flags(cfg, subset), *(["--cpu"] if cpu else []),
+           *extra]
+    print(" ".join(cmd), file=sys.stderr, flush=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"fairseq-eval-lm failed:\n{proc.stderr[-4000:]}")
+    scores = parse(proc.stdout + proc.stderr)
+    value = scores["loss_base2"] if metric == "bpc" else 2 ** scores["loss_base2"]
+    length = cfg["evaluate"].get("tokens-per-sample", cfg["task"].get("tokens-per-sample"))
+    window = cfg["evaluate"].get("context-window", 0)
+    signature = (f"fairseq-eval-lm, {scores['tokens']:,} tokens ({CORPORA[cfg['data']].unit}, </s> counted), "
+                 f"blocks of {length}" + (f", {window} tokens of context" if window else ", non-overlapping"))
+    result = {"config": cfg["name"], "table": cfg["table"], "row": cfg["row"], "column": cfg["column"],
+              "run": checkpoint.parent.name, "checkpoint": str(checkpoint), "subset": subset,
+              "test_set": f"{cfg['data']} {subset}", metric: value, f"{metric}_signature": signature, **scores}
+    results_dir.mkdir(parents=True, exist_ok=True)
+    (results_dir / f"{cfg['name']}.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"{cfg['name']} on {result['test_set']}: {metric} {value:.4f}  ({signature})", flush=True)
+    return result

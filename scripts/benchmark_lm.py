@@ -1,0 +1,196 @@
+"""Long-context language models on CPU: one training update of ``bpt_lm`` (k 4, 16, 64) against
+``transformer_lm`` (causal SDPA) of the same size, and sampling time per token.
+
+    python -m scripts.benchmark_lm                                   # 2 layers d 256, contexts 1024-8192
+    python -m scripts.benchmark_lm --contexts 128 256 --layers 1 --dim 32 --prefixes 16 64   # tiny
+
+Training: every batch holds ``--tokens`` tokens (``--tokens / context`` sequences of one context
+length, random bytes), one update is forward, cross-entropy, backward and an Adam step. One
+warm-up round, then ``--rounds`` rounds in which the models alternate (so that other jobs on a
+shared machine slow all of them alike); the median per model and context, tokens per second,
+the ratio to ``transformer_lm``'s tokens per second measured in the same run, and time per token
+relative to the shortest context. Peak memory growth: one update in a fresh process per model
+and context, peak RSS above the RSS before it (``/proc/self/clear_refs``).
+
+Sampling: incremental decoding (fairseq's ``incremental_state``) of one sequence to each
+``--prefixes`` length; the time per token of the last ``--sample-steps`` steps before it.
+Estimates of where the rest of BPT's time goes are not made here: ``scripts/benchmark_models.py
+--profile-split`` splits an update by part of the model.
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from scripts.benchmark_graph_attention import machine_line, reset_peak_rss, rss_mb
+
+VOCAB = 256  # bytes
+
+
+def model_specs(ks):
+    return {"transformer_lm": ("transformer_lm", ["--decoder-normalize-before"]),
+            **{f"bpt_lm k{k}": ("bpt_lm", ["--graph-k", str(k)]) for k in ks}}
+
+
+def build(arch, extra, args, context):
+    import fairseq_plugins.models  # noqa: F401 (registers the plugin's models)
+    from fairseq import options, tasks
+
+    data = Path(tempfile.mkdtemp())
+    (data / "dict.txt").write_text("".join(f"{b} 1\n" for b in range(VOCAB)))
+    parsed = options.parse_args_and_arch(options.get_training_parser(), [
+        str(data), "--task", "language_modeling", "--arch", arch, "--tokens-per-sample", str(context),
+        "--decoder-layers", str(args.layers), "--decoder-embed-dim", str(args.dim),
+        "--decoder-input-dim", str(args.dim), "--decoder-output-dim", str(args.dim),
+        "--decoder-ffn-embed-dim", str(4 * args.dim), "--decoder-attention-heads", str(args.heads),
+        "--dropout", "0", "--graph-attention-backend" if arch == "bpt_lm" else "--dropout",
+        args.backend if arch == "bpt_lm" else "0", *extra])
+    task = tasks.setup_task(parsed)
+    torch.manual_seed(0)
+    return task.build_model(parsed)
+
+
+def update_step(model, args, context):
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    gen = torch.Generator().manual_seed(context)
+    batch = torch.randint(4, 4 + VOCAB, (max(1, args.tokens // context), context + 1), generator=gen)
+
+    def step():
+        model.train()
+        optimizer.zero_grad()
+        logits, _ = model(batch[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
+        loss.backward()
+        optimizer.step()
+    return step
+
+
+def memory_worker(name, args, context) -> float:
+    arch, extra = model_specs(args.ks)[name]
+    step = update_step(build(arch, extra, args, context), args, context)
+    base = rss_mb("VmRSS") if reset_peak_rss() else rss_mb()
+    step()
+    return rss_mb() - base
+
+
+def peak_growth(name, args, context) -> float:
+    cmd = [sys.executable, "-m", "scripts.benchmark_lm", "--memory-worker", name, str(context), *common_flags(args)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def common_flags(args):
+    return ["--ks", *map(str, args.ks), "--layers", str(args.layers), "--dim", str(args.dim), "--heads",
+            str(args.heads), "--tokens", str(args.tokens), "--threads", str(args.threads), "--backend", args.backend]
+
+
+def time_updates(args):
+    specs = model_specs(args.ks)
+    seconds = {name: {c: [] for c in args.contexts} for name in specs}
+    for context in args.contexts:
+        steps = {name: update_step(build(arch, extra, args, context), args, context)
+                 for name, (arch, extra) in specs.items()}
+        for round_ in range(args.rounds + 1):
+            for name, step in steps.items():
+                start = time.perf_counter()
+                step()
+                if round_:  # round 0 warms up
+                    seconds[name][context].append(time.perf_counter() - start)
+        print(f"context {context}: " + ", ".join(f"{n} {statistics.median(s[context]):.3f} s"
+                                               for n, s in seconds.items()), flush=True)
+    return seconds
+
+
+@torch.no_grad()
+def sampling_seconds_per_token(args):
+    out = {}
+    for name, (arch, extra) in model_specs(args.ks).items():
+        model = build(arch, extra, args, max(args.prefixes) + 1).eval()
+        tokens = torch.randint(4, 4 + VOCAB, (1, max(args.prefixes)), generator=torch.Generator().manual_seed(1))
+        state, times = {}, {}
+        marks = sorted(args.prefixes)
+        for t in range(max(marks)):
+            start = time.perf_counter()
+            model.decoder(tokens[:, :t + 1], incremental_state=state)
+            elapsed = time.perf_counter() - start
+            for mark in marks:
+                if mark - args.sample_steps <= t < mark:
+                    times.setdefault(mark, []).append(elapsed)
+        out[name] = {m: statistics.median(times[m]) for m in marks}
+        print(f"sampling {name}: " + ", ".join(f"{m}: {1e3 * s:.2f} ms" for m, s in out[name].items()), flush=True)
+    return out
+
+
+def make_table(result, args) -> str:
+    base = "transformer_lm"
+    lines = [f"Training update, {args.layers} layers, d {args.dim}, {args.heads} heads, {args.tokens} tokens per "
+             f"batch, {args.threads} threads, median of {args.rounds} alternating rounds (graph attention backend "
+             f"{args.backend}).", "",
+             "| model | context | s / update | tokens / s | vs transformer_lm | time per token vs shortest context "
+             "| peak memory growth (MB) |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, by_context in result["train"].items():
+        first = by_context[str(args.contexts[0])]["tokens_per_second"]
+        for context in args.contexts:
+            r = by_context[str(context)]
+            ratio = r["tokens_per_second"] / result["train"][base][str(context)]["tokens_per_second"]
+            lines.append(f"| {name} | {context} | {r['seconds']:.3f} | {r['tokens_per_second']:.0f} | {ratio:.2f}x | "
+                         f"{first / r['tokens_per_second']:.2f} | {r['peak_mb']:.0f} |")
+    lines += ["", f"Sampling (incremental decoding, batch 1): ms per token over the {args.sample_steps} steps "
+                  "before each prefix length.", "",
+              "| model | " + " | ".join(map(str, sorted(args.prefixes))) + " |",
+              "|---|" + "---:|" * len(args.prefixes)]
+    for name, by_prefix in result["sampling"].items():
+        cells = [f"{1e3 * by_prefix[str(p)]:.2f}" for p in sorted(args.prefixes)]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--contexts", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
+    p.add_argument("--ks", type=int, nargs="+", default=[4, 16, 64])
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--dim", type=int, default=256)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--tokens", type=int, default=8192, help="tokens per batch, every context")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--backend", default="auto", help="--graph-attention-backend of bpt_lm")
+    p.add_argument("--prefixes", type=int, nargs="+", default=[256, 1024, 4096])
+    p.add_argument("--sample-steps", type=int, default=16)
+    p.add_argument("--no-memory", action="store_true", help="skip the per-process peak memory runs")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/lm_benchmark"))
+    p.add_argument("--memory-worker", nargs=2, metavar=("MODEL", "CONTEXT"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.memory_worker:
+        print(memory_worker(args.memory_worker[0], args, int(args.memory_worker[1])))
+        return None
+    if args.tokens < max(args.contexts):
+        p.error("--tokens must hold at least one sequence of the longest context")
+    seconds = time_updates(args)
+    train = {name: {str(c): {"seconds": statistics.median(s[c]), "all_seconds": s[c],
+                             "tokens_per_second": (args.tokens // c) * c / statistics.median(s[c]),
+                             "peak_mb": float("nan") if args.no_memory else peak_growth(name, args, c)}
+                    for c in args.contexts} for name, s in seconds.items()}
+    sampling = {n: {str(m): v for m, v in by.items()} for n, by in sampling_seconds_per_token(args).items()}
+    machine = machine_line().replace("scripts/benchmark_graph_attention.py", "-m scripts.benchmark_lm")
+    result = {"machine": machine, "args": vars(args) | {"out": str(args.out)}, "train": train,
+              "sampling": sampling}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    table = make_table(result, args)
+    args.out.with_suffix(".md").write_text(result["machine"] + "\n\n" + table)
+    print(table)
+    return result
+
+
+if __name__ == "__main__":
+    main()

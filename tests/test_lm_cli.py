@@ -1,0 +1,69 @@
+"""The language models through the real console scripts on the enwik8 fixture: prepare-data,
+fairseq-train, fairseq-eval-lm (non-overlapping and sliding window, as fairseq-plugins-evaluate
+runs it) and sampling with fairseq-generate."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from fairseq_plugins.recipes import evaluate_lm, prepare_data
+from fairseq_plugins.recipes.evaluate import evaluate
+from tests.cli import USER_DIR, run_cli
+
+LM = Path(__file__).resolve().parent / "fixtures" / "lm"
+HELDOUT = 3000
+TINY = ["--decoder-layers", "2", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
+        "--decoder-attention-heads", "2", "--tokens-per-sample", "64", "--sample-break-mode", "none"]
+# the torch backend: "auto" would compile the C++ CPU kernel in each process whose build cache
+# another checkout invalidated (minutes); the kernel is tested against it in test_cpu_backend.py
+ARCHS = {
+    "bpt_lm": ["--graph-k", "2", "--graph-attention-backend", "torch"],
+    "segtree_lm": ["--graph-attention-backend", "torch"],
+    "window_lm": ["--attention-window", "8"],
+}
+
+
+@pytest.fixture(scope="module")
+def enwik8_bin(tmp_path_factory):
+    out = tmp_path_factory.mktemp("enwik8") / "data-bin"
+    return prepare_data.main(["enwik8", "--raw-dir", str(LM / "enwik8"), "--out", str(out),
+                              "--heldout-chars", str(HELDOUT)])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHS)
+def test_train_eval_lm_sample(enwik8_bin, tmp_path, arch):
+    save = tmp_path / "ckpt"
+    run_cli("fairseq-train", enwik8_bin, "--user-dir", USER_DIR, "--task", "language_modeling", "--arch", arch,
+            *TINY, *ARCHS[arch], "--max-tokens", "512", "--optimizer", "adam", "--lr", "0.003", "--max-update", "8",
+            "--save-dir", save, "--no-epoch-checkpoints", "--cpu", "--num-workers", "0", "--seed", "1")
+    checkpoint = save / "checkpoint_last.pt"
+    assert checkpoint.exists()
+
+    def eval_lm(*extra):
+        proc = run_cli("fairseq-eval-lm", enwik8_bin, "--user-dir", USER_DIR, "--path", checkpoint,
+                       "--gen-subset", "test", "--tokens-per-sample", "64", "--max-tokens", "512", "--cpu", *extra)
+        return evaluate_lm.parse(proc.stdout + proc.stderr)
+
+    blocks, sliding = eval_lm(), eval_lm("--context-window", "48")
+    # the test split ends in a newline: every byte is one token, its newlines the </s>
+    assert blocks["tokens"] == sliding["tokens"] == HELDOUT
+    assert 0 < blocks["loss_base2"] < 8 and 0 < sliding["loss_base2"] < 8  # 8 bits: uniform over bytes
+
+    if arch == "bpt_lm":  # what fairseq-plugins-evaluate does with a config's evaluate: section
+        cfg = {"name": "tiny_bpt_lm", "table": "t", "row": "r", "column": "c", "data": "enwik8",
+               "task": {"task": "language_modeling"},
+               "evaluate": {"tokens-per-sample": 64, "context-window": 48, "max-tokens": 512}}
+        result = evaluate(cfg, enwik8_bin, checkpoint, "test", tmp_path / "results")
+        saved = json.loads((tmp_path / "results" / "tiny_bpt_lm.json").read_text())
+        assert saved["bpc"] == result["bpc"] == pytest.approx(sliding["loss_base2"])
+        assert "48 tokens of context" in saved["bpc_signature"] and saved["tokens"] == HELDOUT
+
+    out = run_cli("fairseq-generate", enwik8_bin, "--user-dir", USER_DIR, "--task", "language_modeling",
+                  "--path", checkpoint, "--gen-subset", "test", "--tokens-per-sample", "16", "--sampling",
+                  "--beam", "1", "--max-len-b", "40", "--batch-size", "8", "--cpu", "--seed", "1").stdout
+    hypotheses = re.findall(r"^H-\d+\t\S+\t(.*)$", out, re.M)
+    assert len(hypotheses) == -(-HELDOUT // 16)  # one per 16-token block of the test split, as the prompt
+    assert any(len(h.split()) > 16 for h in hypotheses)  # the prompt and sampled bytes after it
