@@ -615,6 +615,27 @@ FIXES = (
             ),
         ),
     ),
+    Fix(
+        name="numpy2_compat_long",
+        why=(
+            "numpy 2 removed np.compat: token blocks in 'eos' mode (what fairseq-interactive and "
+            "the hub build for a language model) and target-length bucketing died with "
+            "AttributeError: module 'numpy' has no attribute 'compat'. np.compat.long was the "
+            "Python int, which numpy stores as int64."
+        ),
+        edits=(
+            TextEdit(
+                "fairseq/data/token_block_dataset.py",
+                "len(sizes), dtype=np.compat.long\n",
+                "len(sizes), dtype=np.int64  # fairseq_plugins: np.compat is gone in numpy 2\n",
+            ),
+            TextEdit(
+                "fairseq/data/language_pair_dataset.py",
+                "num_tokens = np.vectorize(self.num_tokens, otypes=[np.compat.long])\n",
+                "num_tokens = np.vectorize(self.num_tokens, otypes=[np.int64])  # fairseq_plugins: numpy 2\n",
+            ),
+        ),
+    ),
 )
 
 

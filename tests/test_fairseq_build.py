@@ -194,6 +194,18 @@ def test_the_installed_fairseq_is_the_fixed_wheel_untouched():
     assert not changed
 
 
+def test_token_blocks_in_eos_mode_build_with_the_installed_numpy():
+    """What fairseq-interactive and the hub build for a language model: one block per sentence
+    (``numpy2_compat_long``; under numpy 2 the unfixed source dies on ``np.compat``)."""
+    import numpy as np
+    import torch
+    from fairseq.data import TokenBlockDataset
+
+    blocks = TokenBlockDataset([torch.tensor([5, 6, 2]), torch.tensor([7, 2])], np.array([3, 2]), None,
+                               pad=1, eos=2, break_mode="eos")
+    assert len(blocks) == 2 and blocks[1].tolist() == [7, 2]
+
+
 def test_pip_check_is_clean():
     proc = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
