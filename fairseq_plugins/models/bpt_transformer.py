@@ -269,11 +269,11 @@ def validate_graph_options(cfg) -> None:
     if cfg.graph_kind == "segtree" and cfg.graph_k != 1:
         raise ValueError(f"--graph-k {cfg.graph_k}: SegTree's graph has k = 1 by definition (use bpt_transformer "
                          f"for other k)")
-    check_graph_k_helps(cfg)
     check_choice(cfg, "graph_sides", GRAPH_SIDES)
     check_choice(cfg, "graph_token_positions", TOKEN_POSITIONS)
     check_choice(cfg, "graph_cross_attention", CROSS_ATTENTION_FROM)
     check_choice(cfg, "graph_attention_backend", GRAPH_ATTENTION_BACKENDS)
+    check_graph_k_helps(cfg)  # after the choices: it reads --graph-sides
 
 
 def check_graph_k_helps(cfg) -> None:
