@@ -7,15 +7,64 @@ whether it could run; the build goes through
 ``torch.utils.cpp_extension.load`` into ``$FAIRSEQ_PLUGINS_CACHE`` (default
 ``~/.cache/fairseq_plugins``)``/<folder>/<tag>/``, the tag naming the torch build, so later
 processes reuse it and another torch rebuilds.
+
+torch guards its build directory with a ``lock`` file that a killed build leaves behind, and
+every later load then waits on it forever, silently. So processes first take an advisory
+``flock`` on ``<tag>/build.flock`` (the kernel drops it when its holder dies): whoever holds it
+knows any ``lock`` file is stale and removes it, saying so, and whoever waits says whom for.
 """
 
+import logging
 import threading
+import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 from torch.utils import cpp_extension
 
+try:
+    import fcntl
+except ImportError:  # Windows: torch's own lock file only
+    fcntl = None
+
 from ..resources import cache_root
+
+logger = logging.getLogger(__name__)
+
+#: how often a process waiting for another one's build says so
+WAIT_REPORT_SECONDS = 30.0
+
+
+@contextmanager
+def build_lock(directory: Path, what: str, poll_seconds: float = 0.5) -> Iterator[None]:
+    """Hold ``directory/build.flock`` across processes; inside it, torch's ``lock`` file, if
+    any, was left by a dead build and is removed (see the module docstring)."""
+    if fcntl is None:
+        yield
+        return
+    with open(directory / "build.flock", "a+") as handle:
+        started, last_report = time.monotonic(), None
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                now = time.monotonic()
+                if last_report is None or now - last_report >= WAIT_REPORT_SECONDS:
+                    logger.warning("%s: waiting (%.0f s so far) for another process building or loading it "
+                                   "in %s", what, now - started, directory)
+                    last_report = now
+                time.sleep(poll_seconds)
+        try:
+            stale = directory / "lock"
+            if stale.exists():
+                logger.warning("%s: removing %s, left by a build that was killed (it would make "
+                               "torch wait forever)", what, stale)
+                stale.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 class Extension:
@@ -59,9 +108,10 @@ class Extension:
             raise RuntimeError(f"{self.name}: {reason}")
         directory = self.build_directory()
         directory.mkdir(parents=True, exist_ok=True)
-        return cpp_extension.load(
-            name=self.name, sources=[str(s) for s in self.sources],
-            extra_cflags=list(self.cflags), extra_cuda_cflags=list(self.cuda_cflags),
-            extra_ldflags=list(self.ldflags),
-            extra_include_paths=[str(d) for d in self.include_dirs],
-            build_directory=str(directory), verbose=verbose)
+        with build_lock(directory, self.name):
+            return cpp_extension.load(
+                name=self.name, sources=[str(s) for s in self.sources],
+                extra_cflags=list(self.cflags), extra_cuda_cflags=list(self.cuda_cflags),
+                extra_ldflags=list(self.ldflags),
+                extra_include_paths=[str(d) for d in self.include_dirs],
+                build_directory=str(directory), verbose=verbose)

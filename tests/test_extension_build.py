@@ -1,0 +1,66 @@
+"""The compiled kernels' build lock: a killed build must not make every later load hang."""
+
+import fcntl
+import logging
+import threading
+import time
+
+import pytest
+
+from fairseq_plugins.graph_attention import extension_build
+from fairseq_plugins.graph_attention.extension_build import Extension, build_lock
+
+
+def _extension(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAIRSEQ_PLUGINS_CACHE", str(tmp_path / "cache"))
+    source = tmp_path / "kernel.cpp"
+    source.write_text("")
+    return Extension("test_ext", "test_ext", "tag", (source,))
+
+
+def test_a_lock_left_by_a_killed_build_is_removed_before_torch_sees_it(tmp_path, monkeypatch, caplog):
+    extension = _extension(tmp_path, monkeypatch)
+    directory = extension.build_directory()
+    directory.mkdir(parents=True)
+    (directory / "lock").write_text("")  # what torch's FileBaton leaves when its build is killed
+
+    def load(build_directory, **_):
+        # torch would wait while this file exists: forever, as nobody is building
+        assert not (directory / "lock").exists()
+        assert build_directory == str(directory)
+        return "module"
+    monkeypatch.setattr(extension_build.cpp_extension, "load", load)
+    with caplog.at_level(logging.WARNING, logger=extension_build.__name__):
+        assert extension.load() == "module"
+    assert "left by a build that was killed" in caplog.text
+
+
+def test_a_live_build_in_another_process_is_waited_for_and_named(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(extension_build, "WAIT_REPORT_SECONDS", 0.2)
+    holder = open(tmp_path / "build.flock", "a+")  # another open file: flock conflicts as across processes
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    (tmp_path / "lock").write_text("")  # the live builder's own torch lock: not stale
+
+    def finish_the_build():
+        time.sleep(0.6)
+        (tmp_path / "lock").unlink()
+        fcntl.flock(holder, fcntl.LOCK_UN)
+    builder = threading.Thread(target=finish_the_build)
+    builder.start()
+    entered = []
+    with caplog.at_level(logging.WARNING, logger=extension_build.__name__):
+        with build_lock(tmp_path, "test_ext", poll_seconds=0.05):
+            entered.append(time.monotonic())
+    builder.join()
+    holder.close()
+    assert entered
+    assert "waiting" in caplog.text and str(tmp_path) in caplog.text
+    assert "killed" not in caplog.text  # the live build's lock file was left to it
+
+
+def test_the_lock_is_released_when_the_build_fails(tmp_path):
+    with pytest.raises(RuntimeError, match="compiler exploded"):
+        with build_lock(tmp_path, "test_ext"):
+            raise RuntimeError("compiler exploded")
+    with open(tmp_path / "build.flock", "a+") as other:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises BlockingIOError if still held
