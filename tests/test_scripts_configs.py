@@ -90,8 +90,9 @@ def test_reported_numbers_of_key_rows():
                    if c["task"].get("task") not in ("sentence_prediction", "sequence_tagging", "language_modeling")]
     assert all("sacrebleu_tokenize" in c for c in translation)
     # TranSFormer En-De validates on newstest2016 (its data recipe); Zh-En baselines read words
-    assert {c["data"] for c in CONFIGS if c["paper"] == "slowfast" and "En-De" not in c["column"]
-            and "wmt14" in c["data"]} == {"wmt14-en-de-slowfast"}
+    # (its low-resource samples and BPE sizes are that recipe too: wmt14-en-de-slowfast-*)
+    assert {c["data"].split("-slowfast")[0] + "-slowfast" for c in CONFIGS if c["paper"] == "slowfast"
+            and "En-De" not in c["column"] and "wmt14" in c["data"]} == {"wmt14-en-de-slowfast"}
     assert by_name["slowfast/table2_transformer_big"]["data"] == "wmt17-zh-en"
     assert by_name["slowfast/table2_transformer_big_characters"]["data"] == "wmt17-zh-en-characters"
     assert by_name["slowfast/table1_transformer_base"]["reported"] == {"tokenized": 28.56, "sacrebleu": 27.6}

@@ -251,6 +251,8 @@ ABLATIONS = [
     dict(fast_self_attention="linear", fast_linear_attention_length=4),
     dict(fast_self_attention="linear", fast_input="subword"),  # left-padded fast input
     dict(no_fast_branch=True),
+    dict(no_slow_branch=True),
+    dict(no_slow_branch=True, fast_boundaries="none", no_boundary_pe=True),  # a character-level transformer
 ]
 
 

@@ -53,6 +53,10 @@ class SlowFastConfig(PluginTransformerConfig):
 
     no_fast_branch: bool = field(default=False, metadata={
         "help": "slow branch only (subword encoder with its word GCN): the paper's slow-only baseline"})
+    no_slow_branch: bool = field(default=False, metadata={
+        "help": "fast branch only (characters, its F-GCN and boundary PE, projected to the decoder's width): "
+                "the paper's Fast Only baseline (Table 1); with --fast-boundaries none --no-boundary-pe, a plain "
+                "character-level encoder"})
     no_slow_word_graph: bool = field(default=False, metadata={
         "help": "no S-GCN: the slow branch is the stock encoder (ablation)"})
     slowfast_post_norm: bool = field(default=False, metadata={
@@ -171,6 +175,13 @@ def fast_branch_config(cfg):
     return fast
 
 
+def no_slow_layers(cfg):
+    """The config without subword blocks, for the fast-branch-only encoder."""
+    fast_only = copy.deepcopy(cfg)
+    fast_only.encoder.layers = 0
+    return fast_only
+
+
 def read_sentencepiece_model(cfg) -> Optional[bytes]:
     """The bytes of ``--fast-sentencepiece-model``; None when the file is gone but the
     model records its size (a checkpoint: its state dict carries the model)."""
@@ -196,15 +207,21 @@ class SlowFastEncoder(TransformerEncoderBase):
     ``no_boundary_pe``, ``boundary_pe_window``, ``boundary_pe_scope``, ``fast_self_attention``,
     ``fast_linear_attention_length``, ``fast_linear_attention_max_length``,
     ``slowfast_interaction_layers``.
+    With ``no_slow_branch`` the encoder is the fast branch alone: no subword layers, its
+    output projected to the decoder's width.
     """
 
     def __init__(self, cfg, dictionary, embed_tokens):
         self._validate(cfg)
-        super().__init__(cfg, dictionary, embed_tokens)
+        self.has_slow_branch = not cfg.no_slow_branch
+        super().__init__(cfg if self.has_slow_branch else no_slow_layers(cfg), dictionary, embed_tokens)
         self.characters = SubwordCharacterTable(
             dictionary, style=cfg.subword_style, max_characters=cfg.fast_max_characters or None
         )
         self.has_fast_branch = not cfg.no_fast_branch
+        if not self.has_slow_branch:
+            # nothing reads the subwords' embeddings or the slow output norm: no unused parameters
+            self.embed_tokens = self.layer_norm = self.layernorm_embedding = None
         if not self.has_fast_branch:
             return
         fast_cfg = fast_branch_config(cfg)
@@ -239,13 +256,17 @@ class SlowFastEncoder(TransformerEncoderBase):
         )
         self.fast_dropout_module = FairseqDropout(cfg.dropout, module_name=self.__class__.__name__)
 
-        interacting = parse_interaction_layers(cfg.slowfast_interaction_layers, cfg.encoder.layers)
+        interacting = (
+            parse_interaction_layers(cfg.slowfast_interaction_layers, cfg.encoder.layers)
+            if self.has_slow_branch else set()
+        )
         # When only the slow branch is read, the fast branch stops after the attention
         # half of the last interacting block: nothing reads what it would compute later.
         last_fast = max(interacting) if self.output == "slow" else cfg.encoder.layers - 1
         self.fast_layers = nn.ModuleList()
-        for i, slow_layer in enumerate(self.layers):
+        for i in range(cfg.encoder.layers):
             if i in interacting:
+                slow_layer = self.layers[i]
                 slow_layer.fusion = build_fusion(
                     cfg.slowfast_fusion,
                     slow_dim,
@@ -302,6 +323,9 @@ class SlowFastEncoder(TransformerEncoderBase):
             )
         if cfg.no_fast_branch and cfg.slowfast_encoder_output != "slow":
             raise ValueError("--no-fast-branch leaves only the slow branch: --slowfast-encoder-output must be slow")
+        if cfg.no_slow_branch and (cfg.no_fast_branch or cfg.slowfast_encoder_output != "fast"):
+            raise ValueError("--no-slow-branch leaves only the fast branch: it needs the fast branch (no "
+                             "--no-fast-branch) and --slowfast-encoder-output fast (its architectures' default)")
 
     def build_encoder_layer(self, cfg):
         return SlowFastEncoderLayer(cfg, use_word_graph=not cfg.no_slow_word_graph)
@@ -333,6 +357,23 @@ class SlowFastEncoder(TransformerEncoderBase):
             x = x * ~padding_mask.unsqueeze(-1)
         return x.transpose(0, 1)
 
+    def fast_branch_groups(self, src_tokens):
+        """The fast branch's input, its length groups, and each group's embedded units."""
+        fast = self.fast_branch_input(src_tokens)
+        word_ids = random_word_ids(fast.word_ids) if self.fast_boundaries == "random" else fast.word_ids
+        groups = [
+            self.fast_group(fast, word_ids, index, size)
+            for index, size in length_groups(fast.padding_mask, self.max_fast_groups)
+        ]
+        return fast, groups, [self.forward_fast_embedding(group.tokens, group.padding_mask) for group in groups]
+
+    def fast_branch_output(self, xf, groups, fast: FastBranchInput):
+        """The groups' final states as one Lf x B x C batch at the slow (decoder's) width."""
+        xf = merge(xf, [group.index for group in groups], fast.tokens.size(1))
+        if self.fast_layer_norm is not None:
+            xf = self.fast_layer_norm(xf)
+        return self.fast_output_proj(xf)
+
     def forward(
         self,
         src_tokens,
@@ -340,22 +381,18 @@ class SlowFastEncoder(TransformerEncoderBase):
         return_all_hiddens: bool = False,
         token_embeddings=None,
     ):
+        if not self.has_slow_branch:
+            return self.forward_fast_only(src_tokens)
         padding_mask = src_tokens.eq(self.padding_idx)
         xs, encoder_embedding = self.forward_embedding(src_tokens, token_embeddings)
         xs = (xs * ~padding_mask.unsqueeze(-1)).transpose(0, 1)
         slow_mask = padding_mask if padding_mask.any() else None
 
         if self.has_fast_branch:
-            fast = self.fast_branch_input(src_tokens)
+            fast, groups, xf = self.fast_branch_groups(src_tokens)
             subword_word_ids = fast.subword_word_ids
-            fast_word_ids = random_word_ids(fast.word_ids) if self.fast_boundaries == "random" else fast.word_ids
             fast_mask = fast.padding_mask if fast.padding_mask.any() else None
-            groups = [
-                self.fast_group(fast, fast_word_ids, index, size)
-                for index, size in length_groups(fast.padding_mask, self.max_fast_groups)
-            ]
             indices = [group.index for group in groups]
-            xf = [self.forward_fast_embedding(group.tokens, group.padding_mask) for group in groups]
         else:
             _, subword_word_ids = self.characters.subword_word_boundaries(src_tokens)
 
@@ -391,23 +428,35 @@ class SlowFastEncoder(TransformerEncoderBase):
             xs = self.layer_norm(xs)
         out, out_mask = xs, padding_mask
         if self.has_fast_branch and self.output != "slow":
-            xf = merge(xf, indices, fast.tokens.size(1))
-            if self.fast_layer_norm is not None:
-                xf = self.fast_layer_norm(xf)
-            xf = self.fast_output_proj(xf)
+            xf = self.fast_branch_output(xf, groups, fast)
             if self.output == "fast":
                 out, out_mask = xf, fast.padding_mask
             else:
                 out, out_mask = torch.cat([xs, xf], 0), torch.cat([padding_mask, fast.padding_mask], 1)
-        return {
-            "encoder_out": [out],  # T x B x C
-            "encoder_padding_mask": [out_mask],  # B x T
-            "encoder_embedding": [encoder_embedding],  # B x Ls x C
-            "encoder_states": encoder_states,  # List[Ls x B x C]
-            "fc_results": [],
-            "src_tokens": [],
-            "src_lengths": [src_tokens.ne(self.padding_idx).sum(1, dtype=torch.int32).reshape(-1, 1)],
-        }
+        return encoder_out_dict(out, out_mask, [encoder_embedding], encoder_states, src_tokens, self.padding_idx)
+
+    def forward_fast_only(self, src_tokens):
+        """The fast branch alone (no fusion sublayers); no subword embeddings or states to return."""
+        fast, groups, xf = self.fast_branch_groups(src_tokens)
+        for layer in self.fast_layers:
+            xf = [layer.forward_graph_and_attention(x, group.padding_mask, group.graph, group.band)
+                  for x, group in zip(xf, groups)]
+            xf = [layer.forward_feed_forward(x) for x in xf]
+        out = self.fast_branch_output(xf, groups, fast)
+        return encoder_out_dict(out, fast.padding_mask, [], [], src_tokens, self.padding_idx)
+
+
+def encoder_out_dict(out, out_mask, encoder_embedding, encoder_states, src_tokens, padding_idx):
+    """fairseq's encoder output dictionary (``TransformerEncoderBase.forward``'s keys)."""
+    return {
+        "encoder_out": [out],  # T x B x C
+        "encoder_padding_mask": [out_mask],  # B x T
+        "encoder_embedding": encoder_embedding,  # [B x Ls x C], or [] without a slow branch
+        "encoder_states": encoder_states,  # List[Ls x B x C]
+        "fc_results": [],
+        "src_tokens": [],
+        "src_lengths": [src_tokens.ne(padding_idx).sum(1, dtype=torch.int32).reshape(-1, 1)],
+    }
 
 
 @register_model("transformer_slowfast")
@@ -435,7 +484,9 @@ class TransformerSlowFastModel(PluginModel, TransformerModel):
 def slowfast_defaults(args):
     """TranSFormer-specific defaults (paper Sec. 4.1); pre-norm as in the paper unless
     ``--slowfast-post-norm`` (fairseq's store-true norm flags cannot be turned off)."""
-    set_default_options(args, SlowFastConfig)
+    # the fast branch alone: the decoder reads it
+    set_default_options(args, SlowFastConfig,
+                        slowfast_encoder_output="fast" if getattr(args, "no_slow_branch", None) else "slow")
     if args.fast_ffn_embed_dim is None:
         args.fast_ffn_embed_dim = 4 * args.fast_embed_dim
     if args.slowfast_post_norm:

@@ -18,10 +18,11 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from .data import classification, iwslt, language_modeling, multi30k, wmt
+from .data import classification, iwslt, language_modeling, multi30k, wmt, wmt_slowfast_variants
 from .data.common import DEFAULT_CACHE, ZH_SEGMENTATIONS, prepare
 
-CORPORA = {**wmt.CORPORA, **iwslt.CORPORA, **multi30k.CORPORA, **classification.CORPORA}
+CORPORA = {**wmt.CORPORA, **wmt_slowfast_variants.CORPORA, **iwslt.CORPORA, **multi30k.CORPORA,
+           **classification.CORPORA}
 LM_CORPORA = language_modeling.CORPORA
 TRANSLATION_ONLY = ("bpe_merges", "vocab_size", "zh_segmentation", "extra_parallel")
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # TranSFormer Table 1: WMT14 En-De (tokenized BLEU; SacreBLEU in its own columns)
-# 4 rows, 4 training runs, data: wmt14-en-de-slowfast; configs/tables.yaml lists the rows.
+# 8 rows, 8 training runs, data: wmt14-en-de-slowfast; configs/tables.yaml lists the rows.
 #
 #   bash scripts/tables/slowfast_table1.sh              # prepare data, train, average, evaluate, tabulate
 #   bash scripts/tables/slowfast_table1.sh --dry-run    # print the plan and every command; run nothing

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # TranSFormer Table 4b: fusion methods (WMT14 En-De)
-# 5 rows, 5 training runs, data: wmt14-en-de-slowfast; configs/tables.yaml lists the rows.
+# 6 rows, 6 training runs, data: wmt14-en-de-slowfast; configs/tables.yaml lists the rows.
 #
 #   bash scripts/tables/slowfast_table4b.sh              # prepare data, train, average, evaluate, tabulate
 #   bash scripts/tables/slowfast_table4b.sh --dry-run    # print the plan and every command; run nothing

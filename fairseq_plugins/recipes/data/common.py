@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import multiprocessing
+import random
 import re
 import shutil
 import subprocess
@@ -389,6 +390,26 @@ def keep_clean(src: List[str], tgt: List[str], max_len: int, ratio: float) -> Li
     return keep
 
 
+def sample_pairs(keep: List[int], n: int, seed: int) -> List[int]:
+    """``n`` of the cleaned pairs ``keep``, drawn at random with ``seed``, in corpus order (the same
+    sample on every machine from the same raw files)."""
+    if n > len(keep):
+        raise ValueError(f"a training sample of {n:,} pairs was asked for, but only {len(keep):,} pairs survived "
+                         "cleaning: are the raw files complete?")
+    log(f"train: a random sample of {n:,} of the {len(keep):,} cleaned pairs (seed {seed})")
+    return sorted(random.Random(seed).sample(keep, n))
+
+
+def sample_record(recipe: "Recipe", train: "Split") -> Dict[str, object]:
+    """What prep.json records of a training sample: its size, seed and a sha256 of its raw pairs, to
+    compare with another machine's sample."""
+    digest = hashlib.sha256()
+    for src, tgt in zip(train.src, train.tgt):
+        digest.update(f"{src}\t{tgt}\n".encode("utf-8"))
+    return {"train_sample": recipe.train_sample, "train_sample_seed": recipe.train_sample_seed,
+            "train_sample_sha256": digest.hexdigest()}
+
+
 def learn_bpe(texts: List[List[str]], merges: int, codes: Path) -> None:
     """subword-nmt merges learnt from the word counts of ``texts`` (counting and merging both show
     progress with an ETA on a terminal: subword-nmt's own bar for the merges)."""
@@ -446,6 +467,8 @@ class Recipe:
     valid_every: int = 0  # >0: hold out every n-th cleaned training pair as "valid"
     zh_segmentation: str = "jieba"  # Chinese into words before BPE; or "characters"
     vocab_size: Optional[int] = None  # cap each binarized dictionary at this many types
+    train_sample: int = 0  # >0: train on a random sample of this many cleaned pairs (seed ``train_sample_seed``)
+    train_sample_seed: int = 1
     extra: Dict[str, object] = field(default_factory=dict)  # recorded in prep.json
 
 
@@ -483,6 +506,8 @@ def prepare(name: str, splits: Dict[str, Split], recipe: Recipe, out: Path,
     if not keep:
         raise ValueError("no training pair survived cleaning")
     splits = dict(splits)
+    if recipe.train_sample:
+        keep = sample_pairs(keep, recipe.train_sample, recipe.train_sample_seed)
     if recipe.valid_every:
         valid_idx = keep[recipe.valid_every - 1 :: recipe.valid_every]
         held = set(valid_idx)
@@ -521,6 +546,7 @@ def prepare(name: str, splits: Dict[str, Split], recipe: Recipe, out: Path,
             f"; zh segmented: {recipe.zh_segmentation}" if "zh" in langs else ""),
         "zh_segmentation": recipe.zh_segmentation if "zh" in langs else None,
         "vocab_size": recipe.vocab_size,
+        **(sample_record(recipe, splits["train"]) if recipe.train_sample else {}),
         "sentences": {s: len(d.src) for s, d in splits.items()},
         "origins": {s: d.origin for s, d in splits.items() if d.origin},
         **recipe.extra,

@@ -13,12 +13,16 @@ from .sacrebleu_sets import sacrebleu_split
 STATMT = "http://www.statmt.org"
 STATMT_DATA = "http://data.statmt.org"
 
+# sha256 as published in tensorflow_datasets' url_checksums/wmt14_translate.txt
 EUROPARL_V7 = Archive(f"{STATMT}/wmt13/training-parallel-europarl-v7.tgz",
-                      ["europarl-v7.de-en.de", "europarl-v7.de-en.en"])
+                      ["europarl-v7.de-en.de", "europarl-v7.de-en.en"],
+                      sha256="0224c7c710c8a063dfd893b0cc0830202d61f4c75c17eb8e31836103d27d96e7")
 COMMONCRAWL = Archive(f"{STATMT}/wmt13/training-parallel-commoncrawl.tgz",
-                      ["commoncrawl.de-en.de", "commoncrawl.de-en.en"])
+                      ["commoncrawl.de-en.de", "commoncrawl.de-en.en"],
+                      sha256="c7a74e2ea01ac6c920123108627e35278d4ccb5701e15428ffa34de86fa3a9e5")
 NEWS_COMMENTARY_V9 = Archive(f"{STATMT}/wmt14/training-parallel-nc-v9.tgz",
-                             ["news-commentary-v9.de-en.de", "news-commentary-v9.de-en.en"])
+                             ["news-commentary-v9.de-en.de", "news-commentary-v9.de-en.en"],
+                             sha256="cb8953f292298e6877ae433c98912b927cb0766b303f4540512ddd286c748485")
 NC_V12_URL = f"{STATMT_DATA}/wmt17/translation-task/training-parallel-nc-v12.tgz"
 NEWS_COMMENTARY_V12_DE_EN = Archive(NC_V12_URL, ["news-commentary-v12.de-en.de",
                                                  "news-commentary-v12.de-en.en"])

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# TranSFormer Figure 5a: BLEU against encoder depth (WMT14 En-De; the figure's values are not in the text)
+# 8 rows, 8 training runs, data: wmt14-en-de-slowfast; configs/tables.yaml lists the rows.
+#
+#   bash scripts/tables/slowfast_figure5a.sh              # prepare data, train, average, evaluate, tabulate
+#   bash scripts/tables/slowfast_figure5a.sh --dry-run    # print the plan and every command; run nothing
+#   bash scripts/tables/slowfast_figure5a.sh --stages evaluate,table   # more options: fairseq-plugins-reproduce -h
+#
+# Settings: edit them here, or set them in the environment (GPUS=4 bash scripts/tables/slowfast_figure5a.sh).
+GPUS=${GPUS:-8}                     # GPUs per node (the paper trained on 8 GPUs); 0 = CPU
+UPDATE_FREQ=${UPDATE_FREQ:-auto}    # batches per update; auto = keep the paper's batch on GPUS x NNODES
+NNODES=${NNODES:-1}                 # nodes; run this script on each one, with its NODE_RANK
+NODE_RANK=${NODE_RANK:-0}           # this node (0 also evaluates and writes the table)
+MASTER_ADDR=${MASTER_ADDR:-}        # address of node 0, when NNODES > 1
+FP16=${FP16---fp16}                 # mixed precision (GPU); FP16= (empty) for fp32, and on CPU
+
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+exec "${PYTHON:-python}" -m fairseq_plugins.recipes.reproduce_table slowfast-figure5a --world-size "$GPUS" --update-freq "$UPDATE_FREQ" \
+    --nnodes "$NNODES" --node-rank "$NODE_RANK" --master-addr "$MASTER_ADDR" $FP16 "$@"
