@@ -29,7 +29,7 @@
 //           seed and offset are read from device memory (int64 [2], drawn by torch on the
 //           device for every call), never passed by value: a captured CUDA graph replays
 //           the draw, and with it a new mask.
-// offsets   every element offset is int64 ((batch * head) * N + node) * D and the like):
+// offsets   every element offset is computed in int64, such as (bh * N + node) * D:
 //           B * H * N * D may exceed 2^31 (tests/test_cuda_ext_offsets.py).
 #pragma once
 
