@@ -29,9 +29,14 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-def _inputs(dtype=torch.float32, dim=32, requires_grad=False, device="cpu"):
+def _inputs(dtype=torch.float32, dim=32, requires_grad=False, device="cpu", strided=False):
+    """q, k, v [B, H, N, D] (``strided``: views of [N, B, H, D], as a layer's projections
+    give), rel_key and a padding mask."""
     gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(2, 2, GRAPH.num_nodes, dim, generator=gen) for _ in range(3))
+    if strided:
+        q, k, v = (torch.randn(GRAPH.num_nodes, 2, 2, dim, generator=gen).permute(1, 2, 0, 3) for _ in range(3))
+    else:
+        q, k, v = (torch.randn(2, 2, GRAPH.num_nodes, dim, generator=gen) for _ in range(3))
     rel = 0.5 * torch.randn(GRAPH.num_edge_types, dim, generator=gen)
     kpm = ~node_present(torch.tensor([10, 6]), 10)
     leaves = [t.to(device=device, dtype=dtype).requires_grad_(requires_grad) for t in (q, k, v, rel)]
@@ -74,11 +79,13 @@ def test_the_fake_implementations_on_the_meta_device(dtype):
     assert cuda_backend.EXTENSION._module is None and cuda_backend.EXTENSION._error is None
 
 
-@pytest.mark.parametrize("dropout_p", [0.0, 0.3])
-def test_opcheck_of_both_ops(emulation, dropout_p):
-    """Schema, fake implementations against the kernels, autograd registration and
-    AOT dispatch (the checks ``torch.library.opcheck`` runs)."""
-    (q, k, v, rel), kpm = _inputs(requires_grad=True)
+@pytest.mark.parametrize("dropout_p,strided", [(0.0, False), (0.3, True)])
+def test_opcheck_of_both_ops(emulation, dropout_p, strided):
+    """Schema, fake implementations against the kernels (shapes, dtypes, strides: the
+    outputs are contiguous whatever the inputs' layout), autograd registration and AOT
+    dispatch (the checks ``torch.library.opcheck`` runs)."""
+    (q, k, v, rel), kpm = _inputs(requires_grad=True, strided=strided)
+    assert q.is_contiguous() != strided
     rng = cuda_backend.dropout_rng(q) if dropout_p else None
     args = (q, k, v, rel, kpm, *_plan_args(), 0.25, dropout_p, rng)
     torch.library.opcheck(torch.ops.fairseq_plugins.cuda_graph_attention.default, args)
@@ -159,3 +166,47 @@ def test_dropout_without_its_seed_tensor_is_refused(emulation):
         cuda_backend.forward_op(q, k, v, rel, kpm, *_plan_args(), 0.25, 0.1, None)
     with pytest.raises(RuntimeError, match=r"int64 \[2\] tensor on cpu"):
         cuda_backend.forward_op(q, k, v, rel, kpm, *_plan_args(), 0.25, 0.1, torch.zeros(2, dtype=torch.int32))
+
+
+def test_a_compiled_bpt_layer_on_the_kernels_matches_eager(emulation, monkeypatch):
+    """A BPT encoder layer whose attention is the CUDA backend's glue and ops (under another
+    name: ``cuda`` itself refuses CPU tensors), compiled without a graph break."""
+    from fairseq.models.transformer import TransformerConfig
+
+    from fairseq_plugins.graph_attention import registry
+    from fairseq_plugins.modules.bpt.graph_transformer_layers import GraphEncoderLayer
+
+    def kernels(query, key, value, graph, rel_key, key_padding_mask, dropout_p, scale):
+        return cuda_backend.fused_graph_attention(query, key, value, graph, rel_key, key_padding_mask, dropout_p,
+                                                  scale, split_edges=SPLIT)
+
+    def prepare(query, graph):
+        cuda_backend.plan_on(graph, query.device, SPLIT)
+    monkeypatch.setitem(registry._BACKENDS, "cuda_kernels_on_cpu",
+                        registry.Backend("cuda_kernels_on_cpu", kernels, prepare=prepare))
+    graph = bpt_graph(12, 2)
+    cfg = TransformerConfig()
+    cfg.encoder.embed_dim, cfg.encoder.ffn_embed_dim, cfg.encoder.attention_heads = 64, 64, 2
+    cfg.attention_dropout, cfg.dropout = 0.0, 0.0
+    torch.manual_seed(0)
+    layer = GraphEncoderLayer(cfg, graph.num_edge_types, backend="cuda_kernels_on_cpu")
+    absent = ~node_present(torch.tensor([12, 7]), 12)
+    x = torch.randn(graph.num_nodes, 2, 64)
+    grad = torch.randn(graph.num_nodes, 2, 64)
+
+    def step(x):
+        return layer(x, absent, graph)
+
+    def outputs(fn):
+        leaf = x.clone().requires_grad_()
+        out = fn(leaf)
+        out.backward(grad)
+        results = {"out": out.detach(), "x": leaf.grad}
+        results.update((name, p.grad.clone()) for name, p in layer.named_parameters() if p.grad is not None)
+        layer.zero_grad()
+        return results
+    eager = outputs(step)
+    compiled = outputs(torch.compile(step, fullgraph=True, backend="aot_eager"))
+    assert compiled.keys() == eager.keys() and "self_attn.rel_key" in eager
+    for name in eager:
+        torch.testing.assert_close(compiled[name], eager[name], rtol=1e-5, atol=1e-5, msg=name)

@@ -251,7 +251,8 @@ def forward_op(q: Tensor, k: Tensor, v: Tensor, rel: Optional[Tensor], pad: Opti
 @forward_op.register_fake
 def _forward_fake(q, k, v, rel, pad, indices, edge_type, q_pieces, q_merges, q_num_slots, t_query, t_edge,
                   k_pieces, k_merges, k_num_slots, scale, dropout_p, rng):
-    return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+    # contiguous whatever the inputs' strides, as the kernels' outputs are
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 @torch.library.custom_op("fairseq_plugins::cuda_graph_attention_backward", mutates_args=(),
@@ -272,7 +273,7 @@ def backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
 def _backward_fake(grad_out, q, k, v, out, lse, rel, pad, indices, edge_type, q_pieces, q_merges, q_num_slots,
                    t_query, t_edge, k_pieces, k_merges, k_num_slots, scale, dropout_p, rng, need_rel_grad):
     grad_rel = q.new_empty((rel.size(0) if need_rel_grad else 0, q.size(-1)))
-    return torch.empty_like(q), torch.empty_like(q), torch.empty_like(q), grad_rel
+    return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape), grad_rel
 
 
 def _setup_context(ctx, inputs, output):
