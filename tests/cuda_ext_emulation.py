@@ -1,10 +1,14 @@
 """The CUDA kernels compiled by g++ for the CPU under ``cuda_ext/csrc/host_emulation.h``.
 
 The same ``graph_attention_kernels.cuh`` that nvcc compiles, run warp by warp with 32 lane
-fibers per warp; bound like the CUDA extension, so ``cuda_backend.fused_graph_attention``
-drives it unchanged. Built once into the extension cache (about a minute of one core).
+fibers per warp, bound like the CUDA extension. Loading it registers it as the CPU kernel of
+the CUDA backend's ops (``fairseq_plugins::cuda_graph_attention`` and its backward), so
+``cuda_backend.fused_graph_attention`` on CPU tensors runs the kernels through the same ops,
+autograd, fake implementations and dropout draw as on a GPU. Built once into the extension
+cache (about a minute of one core).
 """
 
+import functools
 import shutil
 
 import pytest
@@ -22,13 +26,23 @@ def build_directory():
     return cuda_backend.build_directory().parent / tag
 
 
-def load_emulation():
-    """The emulated extension (built on first use); skips the caller without a compiler."""
-    if shutil.which("c++") is None and shutil.which("g++") is None:
-        pytest.skip("no C++ compiler for the host emulation")
+@functools.lru_cache(maxsize=None)
+def _build():
     directory = build_directory()
     directory.mkdir(parents=True, exist_ok=True)
-    return cpp_extension.load(
+    emulation = cpp_extension.load(
         name="fairseq_plugins_graph_attention_host_emulation", sources=[str(SOURCE)],
         extra_cflags=list(FLAGS), extra_include_paths=[str(cuda_backend.SOURCE_DIR)],
         build_directory=str(directory), verbose=False)
+    # the CUDA ops' CPU kernels, for this process (no CPU build of them exists otherwise)
+    cuda_backend.forward_op.register_kernel("cpu", functools.partial(cuda_backend.run_forward, emulation))
+    cuda_backend.backward_op.register_kernel("cpu", functools.partial(cuda_backend.run_backward, emulation))
+    return emulation
+
+
+def load_emulation():
+    """The emulated extension (built on first use), registered as the CPU kernel of the CUDA
+    backend's ops; skips the caller without a compiler."""
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        pytest.skip("no C++ compiler for the host emulation")
+    return _build()

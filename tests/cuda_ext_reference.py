@@ -89,24 +89,30 @@ def reference_with_mask(q, k, v, rel, kpm, graph, keep, p, scale):
     return q.new_zeros(q.shape).index_add(2, rows, probs.unsqueeze(-1) * v[:, :, cols])
 
 
-def check_dropout(extension, graph, q, k, v, rel, kpm, p, split_edges=cuda_backend.SPLIT_EDGES):
-    """The kernels' dropout forward and gradients against the reference with their mask."""
-    plan = cuda_backend.plan_on(graph, q.device, split_edges)
+def check_dropout(graph, q, k, v, rel, kpm, p, split_edges=cuda_backend.SPLIT_EDGES, seed=0):
+    """The kernels' dropout through the backend's ops (the CUDA build, or the host emulation
+    registered as their CPU kernel): forward and gradients against the reference with the
+    mask that the (seed, offset) tensor drawn under ``torch.manual_seed(seed)`` gives, so the
+    backward regenerates the forward's mask; the same seed gives the same results bit for bit,
+    the next draw another mask."""
     grad_out = torch.randn_like(q)
     scale = q.size(-1) ** -0.5
-    out, lse, rng = extension.forward(q, k, v, rel, plan.indices, plan.edge_type,
-                                      *plan.by_query.args(), kpm, scale, p)
-    grads = extension.backward(grad_out, q, k, v, rel, out, lse, rng, plan.indices,
-                               plan.edge_type, *plan.by_query.args(), plan.t_query, plan.t_edge,
-                               *plan.by_key.args(), kpm, scale, p, True)
-    keep = graph_order_keep_mask(rng, plan, q.size(0) * q.size(1), p).to(q.device)
+
+    def attention(*leaves):
+        return cuda_backend.fused_graph_attention(*leaves[:3], graph, leaves[3], kpm, p, scale, split_edges)
+    torch.manual_seed(seed)
+    actual = run(attention, [q, k, v, rel], grad_out)
+    torch.manual_seed(seed)
+    rng = cuda_backend.dropout_rng(q)
+    plan = cuda_backend.plan_on(graph, q.device, split_edges)
+    keep = graph_order_keep_mask(rng.cpu(), plan, q.size(0) * q.size(1), p).to(q.device)
     leaves = [t.double().requires_grad_() for t in (q, k, v, rel)]
     expected = reference_with_mask(*leaves, kpm, graph, keep, p, scale)
     expected.backward(grad_out.double())
-    assert_close(out, expected.detach(), q.dtype, "out")
-    for name, a, leaf in zip(GRADIENTS[1:], grads, leaves):
-        assert_close(a, leaf.grad, q.dtype, name)
-    # a second call draws a fresh mask
-    again = extension.forward(q, k, v, rel, plan.indices, plan.edge_type, *plan.by_query.args(),
-                              kpm, scale, p)[0]
-    assert not torch.equal(again, out)
+    for name, a, e in zip(GRADIENTS, actual, [expected.detach()] + [t.grad for t in leaves]):
+        assert_close(a, e, q.dtype, name)
+    torch.manual_seed(seed)
+    again = run(attention, [q, k, v, rel], grad_out)
+    assert all(torch.equal(a, b) for a, b in zip(actual, again)), "the same seed gave another result"
+    following = run(attention, [q, k, v, rel], grad_out)
+    assert not torch.equal(following[0], actual[0]), "the next call drew the same mask"

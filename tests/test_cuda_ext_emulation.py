@@ -33,9 +33,10 @@ def inputs(graph, dim, dtype=torch.float32, lengths=None, batch=2, heads=2, seed
     return [t.to(dtype) for t in (q, k, v, rel)], kpm
 
 
-def fused(emulation, graph, kpm, split=SPLIT, dropout_p=0.0):
+def fused(graph, kpm, split=SPLIT, dropout_p=0.0):
+    """The backend's glue and ops, their CPU kernel being the emulation (fixture)."""
     return lambda q, k, v, r: cuda_backend.fused_graph_attention(
-        emulation, q, k, v, graph, r, kpm, dropout_p, split_edges=split)
+        q, k, v, graph, r, kpm, dropout_p, split_edges=split)
 
 
 @pytest.mark.parametrize("dim", [32, 64, 128])
@@ -43,7 +44,7 @@ def fused(emulation, graph, kpm, split=SPLIT, dropout_p=0.0):
 def test_every_dtype_and_head_dim_on_a_padded_bpt_graph(emulation, dtype, dim):
     graph = bpt_graph(12, 1)  # the root and level-3 rows (8+ edges) are split at SPLIT = 4
     leaves, kpm = inputs(graph, dim, lengths=[12, 5])
-    check_against_torch(fused(emulation, graph, kpm), graph, leaves, kpm, dtype)
+    check_against_torch(fused(graph, kpm), graph, leaves, kpm, dtype)
 
 
 @pytest.mark.parametrize("split", [SPLIT, cuda_backend.SPLIT_EDGES])
@@ -57,14 +58,14 @@ def test_graphs_with_and_without_split_rows(emulation, builder, split):
              "random_300_types": lambda: random_graph(24, 8, 300)}[builder]()
     lengths = None if graph.tree is None else [graph.tree.num_tokens, 4]
     leaves, kpm = inputs(graph, 32, lengths=lengths)
-    check_against_torch(fused(emulation, graph, kpm, split), graph, leaves, kpm, torch.float32)
+    check_against_torch(fused(graph, kpm, split), graph, leaves, kpm, torch.float32)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_dropout_matches_the_regenerated_mask(emulation, dtype):
     graph = bpt_graph(10, 2)
     (q, k, v, rel), kpm = inputs(graph, 32, dtype, lengths=[10, 6])
-    check_dropout(emulation, graph, q, k, v, rel, kpm, 0.3, split_edges=SPLIT)
+    check_dropout(graph, q, k, v, rel, kpm, 0.3, split_edges=SPLIT)
 
 
 def test_rows_without_present_keys_give_zeros(emulation):
@@ -72,7 +73,7 @@ def test_rows_without_present_keys_give_zeros(emulation):
     (q, k, v, rel), _ = inputs(graph, 32)
     kpm = torch.ones(2, 20, dtype=torch.bool)
     kpm[0, :6] = False
-    out, dq, dk, dv, _ = run(fused(emulation, graph, kpm), [q, k, v, rel], torch.randn_like(q))
+    out, dq, dk, dv, _ = run(fused(graph, kpm), [q, k, v, rel], torch.randn_like(q))
     assert torch.isfinite(out).all() and out[1].abs().max() == 0 and dq[1].abs().max() == 0
     assert dk[:, :, 6:].abs().max() == 0 and dv[:, :, 6:].abs().max() == 0
 
@@ -81,8 +82,8 @@ def test_bad_inputs_raise_clear_errors(emulation):
     graph = bpt_graph(6, 1)
     (q, k, v, rel), kpm = inputs(graph, 32)
     with pytest.raises(RuntimeError, match="head dim"):
-        cuda_backend.fused_graph_attention(emulation, q[..., :16], k[..., :16], v[..., :16], graph)
+        cuda_backend.fused_graph_attention(q[..., :16], k[..., :16], v[..., :16], graph)
     with pytest.raises(RuntimeError, match="dtype"):
-        cuda_backend.fused_graph_attention(emulation, q, k.half(), v, graph)
+        cuda_backend.fused_graph_attention(q, k.half(), v, graph)
     with pytest.raises(ValueError, match="dropout_p"):
-        cuda_backend.fused_graph_attention(emulation, q, k, v, graph, dropout_p=1.0)
+        cuda_backend.fused_graph_attention(q, k, v, graph, dropout_p=1.0)

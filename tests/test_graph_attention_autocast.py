@@ -186,12 +186,12 @@ def test_cuda_kernels_glue_under_cpu_autocast(monkeypatch):
     from fairseq_plugins.graph_attention import cuda_backend
     from tests.cuda_ext_emulation import load_emulation
     try:
-        emulation = load_emulation()
+        load_emulation()  # the CPU kernel of the backend's ops
     except Exception as error:
         pytest.skip(f"the host emulation does not build here: {error}")
 
     def emulated(query, key, value, graph, rel_key, mask, dropout_p, scale):
-        return cuda_backend.fused_graph_attention(emulation, query, key, value, graph, rel_key, mask, dropout_p,
-                                                  scale, split_edges=4)
+        return cuda_backend.fused_graph_attention(query, key, value, graph, rel_key, mask, dropout_p, scale,
+                                                  split_edges=4)
     monkeypatch.setitem(registry._BACKENDS, "cuda_emulation", registry.Backend("cuda_emulation", emulated))
     check_under_autocast("cuda_emulation", bpt_graph(20, 2), [20, 9], torch.bfloat16)

@@ -18,12 +18,14 @@ struct WorkSchedule {
   int64_t num_slots;
 };
 
+// rng: int64 [2] (seed, offset) on the inputs' device, read by the kernels when
+// dropout_p > 0 (may be absent otherwise).
 // out [B, H, N, D] and lse [B, H, N] (float32) are written.
 void launch_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                     const c10::optional<at::Tensor>& rel_key, const at::Tensor& indices,
                     const at::Tensor& edge_type, const WorkSchedule& by_query,
                     const c10::optional<at::Tensor>& key_padding_mask, double scale,
-                    double dropout_p, uint64_t seed, uint64_t offset, at::Tensor& out,
+                    double dropout_p, const c10::optional<at::Tensor>& rng, at::Tensor& out,
                     at::Tensor& lse);
 
 // grad_q/grad_k/grad_v are written; type_grad_sums ([B * H * N, num_edge_types] float32,
@@ -35,7 +37,7 @@ void launch_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::
                      const at::Tensor& t_query, const at::Tensor& t_edge,
                      const WorkSchedule& by_key,
                      const c10::optional<at::Tensor>& key_padding_mask, double scale,
-                     double dropout_p, uint64_t seed, uint64_t offset, at::Tensor& grad_q,
+                     double dropout_p, const c10::optional<at::Tensor>& rng, at::Tensor& grad_q,
                      at::Tensor& grad_k, at::Tensor& grad_v,
                      const c10::optional<at::Tensor>& type_grad_sums);
 

@@ -26,6 +26,11 @@
 //           nothing. No read-modify-write of G anywhere.
 // dropout   the keep decision of edge e in (batch, head) bh is a pure function of
 //           (seed, offset + bh * E + e) (dropout_bits below), so backward regenerates it.
+//           seed and offset are read from device memory (int64 [2], drawn by torch on the
+//           device for every call), never passed by value: a captured CUDA graph replays
+//           the draw, and with it a new mask.
+// offsets   every element offset is computed in int64, such as (bh * N + node) * D:
+//           B * H * N * D may exceed 2^31 (tests/test_cuda_ext_offsets.py).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -119,8 +124,19 @@ struct Params {
   bool dropout;
   uint32_t drop_threshold;
   float keep_scale;  // 1 / (1 - p)
+  const int64_t* rng;  // [2] (seed, offset) in device memory; read only with dropout
+};
+
+// The dropout stream of one call, loaded once per warp (every lane reads the same two words).
+struct RngState {
   uint64_t seed, offset;
 };
+
+template <typename T>
+__device__ __forceinline__ RngState load_rng(const Params<T>& p) {
+  if (!p.dropout) return {0, 0};
+  return {static_cast<uint64_t>(p.rng[0]), static_cast<uint64_t>(p.rng[1])};
+}
 
 // One row of the piece table: the warp's work. Layout fixed by cuda_backend.py.
 struct Piece {
@@ -172,12 +188,13 @@ __device__ __forceinline__ bool key_present(const Params<T>& p, int b, int key) 
 }
 
 template <typename T>
-__device__ __forceinline__ float dropout_factor(const Params<T>& p, int bh, int edge) {
+__device__ __forceinline__ float dropout_factor(const Params<T>& p, const RngState& rng, int bh,
+                                                int edge) {
   if (!p.dropout) return 1.f;
   const uint64_t counter =
-      p.offset + static_cast<uint64_t>(bh) * static_cast<uint64_t>(p.num_edges) +
+      rng.offset + static_cast<uint64_t>(bh) * static_cast<uint64_t>(p.num_edges) +
       static_cast<uint64_t>(edge);
-  return dropout_bits(p.seed, counter) >= p.drop_threshold ? p.keep_scale : 0.f;
+  return dropout_bits(rng.seed, counter) >= p.drop_threshold ? p.keep_scale : 0.f;
 }
 
 // key (+ relative key of the edge type), the vector the query is dotted with
@@ -216,6 +233,7 @@ __global__ void __launch_bounds__(kWarpSize * kWarpsPerBlock)
   const Piece piece = load_piece(s, item);
   const int b = bh / p.heads;
   const int64_t row_base = static_cast<int64_t>(bh) * p.num_nodes;
+  const RngState rng = load_rng(p);
 
   float q[VEC];
   load_scaled_query<T, VEC>(p, row_base + piece.row, lane, q);
@@ -264,7 +282,7 @@ __global__ void __launch_bounds__(kWarpSize * kWarpsPerBlock)
       if (!valid[c]) continue;
       const float prob = __expf(score[c] - step_max);
       denom += prob;
-      const float weight = prob * dropout_factor(p, bh, e0 + c);
+      const float weight = prob * dropout_factor(p, rng, bh, e0 + c);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) acc[i] = fmaf(weight, val[c][i], acc[i]);
     }
@@ -343,6 +361,7 @@ __global__ void __launch_bounds__(kWarpSize * kWarpsPerBlock, 1)
   const int b = bh / p.heads;
   const int64_t row_base = static_cast<int64_t>(bh) * p.num_nodes;
   const int64_t row = row_base + piece.row;
+  const RngState rng = load_rng(p);
   // where this piece's per-type sums go (nowhere for a single-type row: they are zero)
   float* type_dst = nullptr;
   if (type_grad_sums != nullptr && piece.multi_type) {
@@ -400,7 +419,7 @@ __global__ void __launch_bounds__(kWarpSize * kWarpsPerBlock, 1)
       for (int c = 0; c < kEdgesPerStep; ++c) {
         if (!valid[c]) continue;
         const float prob = __expf(score[c] - row_lse);
-        const float dscore = prob * (dprob[c] * dropout_factor(p, bh, e0 + c) - row_delta);
+        const float dscore = prob * (dprob[c] * dropout_factor(p, rng, bh, e0 + c) - row_delta);
 #pragma unroll
         for (int i = 0; i < VEC; ++i) dq[i] = fmaf(dscore, kk[c][i], dq[i]);
 #pragma unroll
@@ -444,6 +463,7 @@ __global__ void __launch_bounds__(kWarpSize * kWarpsPerBlock)
   const int key = piece.row;
   const int b = bh / p.heads;
   const int64_t row_base = static_cast<int64_t>(bh) * p.num_nodes;
+  const RngState rng = load_rng(p);
 
   float dk[VEC], dv[VEC];
 #pragma unroll
@@ -501,7 +521,7 @@ __global__ void __launch_bounds__(kWarpSize * kWarpsPerBlock)
       for (int c = 0; c < kEdgesPerStep; ++c) {
         if (!valid[c]) continue;
         const float prob = __expf(score[c] - row_lse[c]);
-        const float keep = dropout_factor(p, bh, edge[c]);
+        const float keep = dropout_factor(p, rng, bh, edge[c]);
         const float dscore = prob * (dprob[c] * keep - row_delta[c]);
         const float weight = prob * keep;
 #pragma unroll
@@ -568,7 +588,7 @@ Params<T> make_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor
                       const c10::optional<at::Tensor>& rel_key, const at::Tensor& indices,
                       const at::Tensor& edge_type,
                       const c10::optional<at::Tensor>& key_padding_mask, double scale,
-                      double dropout_p, uint64_t seed, uint64_t offset) {
+                      double dropout_p, const int64_t* rng) {
   Params<T> p;
   p.q = q.const_data_ptr<T>();
   p.k = k.const_data_ptr<T>();
@@ -588,8 +608,7 @@ Params<T> make_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   // keep iff bits >= p * 2^32; dropout_p < 1 is checked by the caller
   p.drop_threshold = static_cast<uint32_t>(dropout_p * 4294967296.0);
   p.keep_scale = p.dropout ? static_cast<float>(1.0 / (1.0 - dropout_p)) : 1.f;
-  p.seed = seed;
-  p.offset = offset;
+  p.rng = rng;
   return p;
 }
 
@@ -605,6 +624,10 @@ dim3 grid_for(int64_t items, int64_t batch_heads) {
 }
 
 const dim3 kBlock(kWarpSize, kWarpsPerBlock);
+
+const int64_t* rng_pointer(const c10::optional<at::Tensor>& rng) {
+  return rng.has_value() ? rng->const_data_ptr<int64_t>() : nullptr;
+}
 
 // float32 workspace of `width` floats per (batch * head, slot); zero-filled when asked
 at::Tensor workspace(const at::Tensor& q, const WorkSchedule& w, int64_t width, bool zero) {
@@ -635,7 +658,7 @@ void launch_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
                     const c10::optional<at::Tensor>& rel_key, const at::Tensor& indices,
                     const at::Tensor& edge_type, const WorkSchedule& by_query,
                     const c10::optional<at::Tensor>& key_padding_mask, double scale,
-                    double dropout_p, uint64_t seed, uint64_t offset, at::Tensor& out,
+                    double dropout_p, const c10::optional<at::Tensor>& rng, at::Tensor& out,
                     at::Tensor& lse) {
   GA_DEVICE_GUARD(q);
   if (q.numel() == 0) return;
@@ -643,7 +666,7 @@ void launch_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   const at::Tensor partial = workspace(q, by_query, q.size(3) + 2, false);
   GRAPH_ATTENTION_DISPATCH_DTYPE(q.scalar_type(), "graph_attention_forward", [&] {
     const auto p = make_params<scalar_t>(q, k, v, rel_key, indices, edge_type, key_padding_mask,
-                                         scale, dropout_p, seed, offset);
+                                         scale, dropout_p, rng_pointer(rng));
     const Schedule s = make_schedule(by_query);
     GRAPH_ATTENTION_DISPATCH_HEAD_DIM(q.size(3), [&] {
       auto* forward = &forward_kernel<scalar_t, kHeadDim>;
@@ -667,7 +690,7 @@ void launch_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::
                      const at::Tensor& t_query, const at::Tensor& t_edge,
                      const WorkSchedule& by_key,
                      const c10::optional<at::Tensor>& key_padding_mask, double scale,
-                     double dropout_p, uint64_t seed, uint64_t offset, at::Tensor& grad_q,
+                     double dropout_p, const c10::optional<at::Tensor>& rng, at::Tensor& grad_q,
                      at::Tensor& grad_k, at::Tensor& grad_v,
                      const c10::optional<at::Tensor>& type_grad_sums) {
   GA_DEVICE_GUARD(q);
@@ -681,7 +704,7 @@ void launch_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::
   float* sums = types ? type_grad_sums->mutable_data_ptr<float>() : nullptr;
   GRAPH_ATTENTION_DISPATCH_DTYPE(q.scalar_type(), "graph_attention_backward", [&] {
     const auto p = make_params<scalar_t>(q, k, v, rel_key, indices, edge_type, key_padding_mask,
-                                         scale, dropout_p, seed, offset);
+                                         scale, dropout_p, rng_pointer(rng));
     const Schedule sq = make_schedule(by_query), sk = make_schedule(by_key);
     GRAPH_ATTENTION_DISPATCH_HEAD_DIM(head_dim, [&] {
       auto* by_query_kernel = &backward_query_kernel<scalar_t, kHeadDim>;

@@ -1,6 +1,7 @@
 // The operations both bindings expose (graph_attention.cpp on CUDA, host_emulation.cpp on
 // CPU): input validation, output allocation, Delta = dO . O and the relative-key gradient
-// contraction. A binding supplies its device type and the dropout (seed, offset).
+// contraction. A binding supplies its device type; the caller draws the dropout (seed,
+// offset) as a tensor on the inputs' device, which the kernels read there.
 #pragma once
 
 #include <torch/extension.h>
@@ -99,44 +100,45 @@ inline void check_inputs(at::DeviceType device_type, const at::Tensor& q, const 
               "graph_attention_cuda: dropout_p must be in [0, 1), got ", dropout_p);
 }
 
-inline std::tuple<uint64_t, uint64_t> unpack_rng_state(const at::Tensor& rng) {
-  TORCH_CHECK(rng.device().is_cpu() && rng.scalar_type() == at::kLong && rng.numel() == 2,
-              "graph_attention_cuda: rng_state must be the CPU int64 [2] tensor from forward");
-  const auto* data = rng.const_data_ptr<int64_t>();
-  return {static_cast<uint64_t>(data[0]), static_cast<uint64_t>(data[1])};
+// The dropout stream: int64 [2] (seed, offset) on the query's device, read by the kernels
+// (never by the host, so a captured CUDA graph replays the draw that fills it).
+inline void check_rng(const at::Tensor& q, const c10::optional<at::Tensor>& rng,
+                      double dropout_p) {
+  if (dropout_p == 0.0) return;
+  TORCH_CHECK(rng.has_value() && rng->device() == q.device() &&
+                  rng->scalar_type() == at::kLong && rng->numel() == 2 && rng->is_contiguous(),
+              "graph_attention_cuda: dropout needs its (seed, offset) as a contiguous int64 [2] "
+              "tensor on ", q.device());
 }
 
-// draw_rng(q, counters) -> CPU int64 [2] (seed, offset) for `counters` random draws
-template <typename DrawRng>
-std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(
-    at::DeviceType device_type, DrawRng draw_rng, const at::Tensor& q, const at::Tensor& k,
-    const at::Tensor& v, const c10::optional<at::Tensor>& rel_key, const at::Tensor& indices,
+inline std::tuple<at::Tensor, at::Tensor> forward(
+    at::DeviceType device_type, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const c10::optional<at::Tensor>& rel_key, const at::Tensor& indices,
     const at::Tensor& edge_type, const at::Tensor& q_pieces, const at::Tensor& q_merges,
     int64_t q_num_slots, const c10::optional<at::Tensor>& key_padding_mask, double scale,
-    double dropout_p) {
+    double dropout_p, const c10::optional<at::Tensor>& rng) {
   check_inputs(device_type, q, k, v, rel_key, indices, edge_type, key_padding_mask, dropout_p);
+  check_rng(q, rng, dropout_p);
   const WorkSchedule by_query = schedule(q, q_pieces, q_merges, q_num_slots, "query");
-  at::Tensor rng = dropout_p > 0.0 ? draw_rng(q, q.size(0) * q.size(1) * indices.numel())
-                                   : at::zeros({2}, at::TensorOptions().dtype(at::kLong));
-  const auto [seed, offset] = unpack_rng_state(rng);
   auto out = at::empty_like(q);
   auto lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
   launch_forward(q, k, v, rel_key, indices, edge_type, by_query, key_padding_mask, scale,
-                 dropout_p, seed, offset, out, lse);
-  return {out, lse, rng};
+                 dropout_p, rng, out, lse);
+  return {out, lse};
 }
 
-// Returns dq, dk, dv and drel (undefined unless need_rel_grad).
+// Returns dq, dk, dv and drel ([num_edge_types, D], or [0, D] unless need_rel_grad).
 inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
     at::DeviceType device_type, const at::Tensor& grad_out, const at::Tensor& q,
     const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& rel_key,
-    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& rng,
+    const at::Tensor& out, const at::Tensor& lse, const c10::optional<at::Tensor>& rng,
     const at::Tensor& indices, const at::Tensor& edge_type, const at::Tensor& q_pieces,
     const at::Tensor& q_merges, int64_t q_num_slots, const at::Tensor& t_query,
     const at::Tensor& t_edge, const at::Tensor& k_pieces, const at::Tensor& k_merges,
     int64_t k_num_slots, const c10::optional<at::Tensor>& key_padding_mask, double scale,
     double dropout_p, bool need_rel_grad) {
   check_inputs(device_type, q, k, v, rel_key, indices, edge_type, key_padding_mask, dropout_p);
+  check_rng(q, rng, dropout_p);
   const WorkSchedule by_query = schedule(q, q_pieces, q_merges, q_num_slots, "query");
   const WorkSchedule by_key = schedule(q, k_pieces, k_merges, k_num_slots, "key");
   check_vector_input(grad_out, q, "grad_out");
@@ -150,7 +152,6 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
   check_index(t_edge, q, indices.numel(), "transposed edge id");
   TORCH_CHECK(!need_rel_grad || rel_key.has_value(),
               "graph_attention_cuda: need_rel_grad without rel_key");
-  const auto [seed, offset] = unpack_rng_state(rng);
 
   // Delta_u = dO_u . O_u = sum_e P_e dP_e (with dropout, O already carries the mask)
   const auto delta = (grad_out.to(at::kFloat) * out.to(at::kFloat)).sum(-1).contiguous();
@@ -163,9 +164,9 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
                                q.options().dtype(at::kFloat));
   }
   launch_backward(grad_out, q, k, v, rel_key, lse, delta, indices, edge_type, by_query, t_query,
-                  t_edge, by_key, key_padding_mask, scale, dropout_p, seed, offset, grad_q,
-                  grad_k, grad_v, type_grad_sums);
-  at::Tensor grad_rel;
+                  t_edge, by_key, key_padding_mask, scale, dropout_p, rng, grad_q, grad_k,
+                  grad_v, type_grad_sums);
+  at::Tensor grad_rel = at::empty({0, q.size(3)}, q.options());
   if (need_rel_grad) {
     // drel[t] = scale * sum_rows G[row, t] * q[row]: one GEMM, no atomics
     grad_rel = at::matmul(type_grad_sums->t(), q.reshape({-1, q.size(3)}).to(at::kFloat))
@@ -175,24 +176,24 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
   return {grad_q, grad_k, grad_v, grad_rel};
 }
 
-// The Python module: forward and backward bound to a device type and an RNG source.
-template <typename DrawRng>
-void define_module(pybind11::module_& m, at::DeviceType device_type, DrawRng draw_rng) {
+// The Python module: forward and backward bound to a device type.
+inline void define_module(pybind11::module_& m, at::DeviceType device_type) {
   m.def("forward",
         [=](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
             const c10::optional<at::Tensor>& rel_key, const at::Tensor& indices,
             const at::Tensor& edge_type, const at::Tensor& q_pieces, const at::Tensor& q_merges,
             int64_t q_num_slots, const c10::optional<at::Tensor>& key_padding_mask,
-            double scale, double dropout_p) {
-          return forward(device_type, draw_rng, q, k, v, rel_key, indices, edge_type, q_pieces,
-                         q_merges, q_num_slots, key_padding_mask, scale, dropout_p);
+            double scale, double dropout_p, const c10::optional<at::Tensor>& rng) {
+          return forward(device_type, q, k, v, rel_key, indices, edge_type, q_pieces, q_merges,
+                         q_num_slots, key_padding_mask, scale, dropout_p, rng);
         },
-        "out, lse, rng_state = forward(q, k, v, rel_key, indices, edge_type, q_pieces, "
-        "q_merges, q_num_slots, key_padding_mask, scale, dropout_p)");
+        "out, lse = forward(q, k, v, rel_key, indices, edge_type, q_pieces, q_merges, "
+        "q_num_slots, key_padding_mask, scale, dropout_p, rng)");
   m.def("backward",
         [=](const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
             const at::Tensor& v, const c10::optional<at::Tensor>& rel_key, const at::Tensor& out,
-            const at::Tensor& lse, const at::Tensor& rng, const at::Tensor& indices,
+            const at::Tensor& lse, const c10::optional<at::Tensor>& rng,
+            const at::Tensor& indices,
             const at::Tensor& edge_type, const at::Tensor& q_pieces, const at::Tensor& q_merges,
             int64_t q_num_slots, const at::Tensor& t_query, const at::Tensor& t_edge,
             const at::Tensor& k_pieces, const at::Tensor& k_merges, int64_t k_num_slots,
@@ -203,7 +204,7 @@ void define_module(pybind11::module_& m, at::DeviceType device_type, DrawRng dra
                           k_merges, k_num_slots, key_padding_mask, scale, dropout_p,
                           need_rel_grad);
         },
-        "dq, dk, dv, drel = backward(grad_out, q, k, v, rel_key, out, lse, rng_state, indices, "
+        "dq, dk, dv, drel = backward(grad_out, q, k, v, rel_key, out, lse, rng, indices, "
         "edge_type, q_pieces, q_merges, q_num_slots, t_query, t_edge, k_pieces, k_merges, "
         "k_num_slots, key_padding_mask, scale, dropout_p, need_rel_grad)");
 }

@@ -6,6 +6,8 @@
 // the next lane, which is exact when every lane reaches the same barriers: the warp-uniform
 // control flow the kernels promise (checked at the end of every warp). Warps run one after
 // another, which is exact for kernels without shared memory or inter-warp communication.
+// A launch outside a device guard (GA_DEVICE_GUARD, a CUDAGuard on the GPU) throws: on a GPU
+// it would run on the current device instead of the inputs'.
 #pragma once
 
 #include <ucontext.h>
@@ -32,6 +34,17 @@ struct dim3 {
 namespace host_emulation {
 
 inline thread_local dim3 thread_index, block_index;
+
+// Open device guards on this thread (GA_DEVICE_GUARD).
+inline thread_local int device_guards = 0;
+
+struct DeviceGuard {
+  template <typename Device>
+  explicit DeviceGuard(const Device& /*device*/) { ++device_guards; }
+  ~DeviceGuard() { --device_guards; }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+};
 
 class Warp {
  public:
@@ -119,6 +132,8 @@ template <typename... Params, typename... Args>
 void launch(void (*kernel)(Params...), dim3 grid, dim3 block, Args&&... args) {
   if (block.x != Warp::kLanes || block.z != 1)
     throw std::invalid_argument("host emulation: blocks must be 32 x warps");
+  if (device_guards == 0)
+    throw std::logic_error("host emulation: a kernel launched outside GA_DEVICE_GUARD");
   static thread_local Warp warp;
   std::tuple<Params...> arguments(std::forward<Args>(args)...);
   auto body = [&] { std::apply(kernel, arguments); };
@@ -143,5 +158,5 @@ inline float __shfl_xor_sync(unsigned /*mask*/, float value, int lane_mask) {
 inline float __expf(float x) { return std::exp(x); }
 inline float __logf(float x) { return std::log(x); }
 
-#define GA_DEVICE_GUARD(tensor) (void)(tensor)
+#define GA_DEVICE_GUARD(tensor) const host_emulation::DeviceGuard device_guard((tensor).device())
 #define GA_LAUNCH(kernel, grid, block, ...) host_emulation::launch(kernel, grid, block, __VA_ARGS__)

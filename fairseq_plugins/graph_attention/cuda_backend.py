@@ -10,14 +10,20 @@ The kernels' work list (``KernelPlan``) is built here once per graph and device:
 than ``SPLIT_EDGES`` edges, or whose edge types span several windows of ``TYPE_WINDOW``, are
 cut into pieces merged afterwards; pieces are sorted longest first, a row's edges are ordered
 by type, and the graph's index contents are validated.
-``fused_graph_attention`` runs any build of the kernels with the same Python glue: the CUDA
-one here, the CPU host emulation in the tests (``tests/cuda_ext_emulation.py``).
+The kernels are ``torch.library`` ops (``fairseq_plugins::cuda_graph_attention`` and its
+backward) on the plan's tensors, registered for CUDA; the tests register the CPU host
+emulation of the same kernels as the ops' CPU kernel (``tests/cuda_ext_emulation.py``), so
+``fused_graph_attention`` runs the same glue, autograd and fake implementations on both.
+Dropout's (seed, offset) is a tensor drawn on the query's device and read by the kernels
+there.
 """
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional, Tuple
 
 import torch
+from torch import Tensor
 
 from fairseq_plugins.graph_attention.cuda_toolkit import prepare_build
 from fairseq_plugins.graph_attention.extension_build import Extension
@@ -199,63 +205,132 @@ def plan_on(graph: AttentionGraph, device, split_edges: int = SPLIT_EDGES) -> Ke
 
 
 # ------------------------------------------------------------------------------- the op
+# The kernels as torch.library ops on tensors (the plan's, the dropout's (seed, offset)), with
+# fake implementations and registered autograd: torch.compile traces them without a graph
+# break. Registered for CUDA; the op body loads (or builds) the extension when it first runs.
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
-    """Contiguous, with the 16-byte alignment the vector loads need."""
+    """Contiguous, with the 16-byte alignment the vector loads need (in the op body: the
+    real tensors, never fake ones)."""
     t = t.contiguous()
     return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
-class GraphAttentionFunction(torch.autograd.Function):
-    """Fused forward; backward recomputes probabilities from the saved log-sum-exp."""
-
-    @staticmethod
-    def forward(ctx, query, key, value, rel_key, key_padding_mask, extension, plan, scale,
-                dropout_p):
-        out, lse, rng_state = extension.forward(
-            query, key, value, rel_key, plan.indices, plan.edge_type, *plan.by_query.args(),
-            key_padding_mask, scale, dropout_p)
-        ctx.save_for_backward(query, key, value, rel_key, out, lse, key_padding_mask)
-        ctx.extension, ctx.plan, ctx.rng_state = extension, plan, rng_state
-        ctx.scale, ctx.dropout_p = scale, dropout_p
-        return out
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out):
-        query, key, value, rel_key, out, lse, key_padding_mask = ctx.saved_tensors
-        plan = ctx.plan
-        need_rel_grad = rel_key is not None and ctx.needs_input_grad[3]
-        dq, dk, dv, drel = ctx.extension.backward(
-            _aligned(grad_out), query, key, value, rel_key, out, lse, ctx.rng_state,
-            plan.indices, plan.edge_type, *plan.by_query.args(), plan.t_query, plan.t_edge,
-            *plan.by_key.args(), key_padding_mask, ctx.scale, ctx.dropout_p, need_rel_grad)
-        return dq, dk, dv, (drel if need_rel_grad else None), None, None, None, None, None
+def run_forward(extension, q, k, v, rel, pad, indices, edge_type, q_pieces, q_merges, q_num_slots, t_query,
+                t_edge, k_pieces, k_merges, k_num_slots, scale, dropout_p, rng):
+    """The forward op's body on a build of the kernels (``extension``); the op's parameters
+    (the transposed plan is there for the backward)."""
+    out, lse = extension.forward(_aligned(q), _aligned(k), _aligned(v),
+                                 None if rel is None else _aligned(rel), indices, edge_type, q_pieces,
+                                 q_merges, q_num_slots, pad, scale, dropout_p, rng)
+    return out, lse
 
 
-def fused_graph_attention(extension, query, key, value, graph, rel_key=None,
-                          key_padding_mask=None, dropout_p=0.0, scale=None,
-                          split_edges: int = SPLIT_EDGES):
-    """``graph_attention`` through a build of the kernels (``extension``)."""
+def run_backward(extension, grad_out, q, k, v, out, lse, rel, pad, indices, edge_type, q_pieces, q_merges,
+                 q_num_slots, t_query, t_edge, k_pieces, k_merges, k_num_slots, scale, dropout_p, rng,
+                 need_rel_grad):
+    """The backward op's body on a build of the kernels (``extension``)."""
+    return tuple(extension.backward(
+        _aligned(grad_out), _aligned(q), _aligned(k), _aligned(v), None if rel is None else _aligned(rel),
+        _aligned(out), lse, rng, indices, edge_type, q_pieces, q_merges, q_num_slots, t_query, t_edge,
+        k_pieces, k_merges, k_num_slots, pad, scale, dropout_p, need_rel_grad))
+
+
+@torch.library.custom_op("fairseq_plugins::cuda_graph_attention", mutates_args=(), device_types="cuda")
+def forward_op(q: Tensor, k: Tensor, v: Tensor, rel: Optional[Tensor], pad: Optional[Tensor],
+               indices: Tensor, edge_type: Tensor, q_pieces: Tensor, q_merges: Tensor, q_num_slots: int,
+               t_query: Tensor, t_edge: Tensor, k_pieces: Tensor, k_merges: Tensor, k_num_slots: int,
+               scale: float, dropout_p: float, rng: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    """q, k, v: [B, H, N, D]; rel: [T, D] of their dtype; pad: bool [B, N]; the whole
+    ``KernelPlan`` (the transposed half for the backward); rng: int64 [2] (seed, offset) on
+    the device, or None without dropout. Returns (out [B, H, N, D], lse float32 [B, H, N])."""
+    return run_forward(load_extension(), q, k, v, rel, pad, indices, edge_type, q_pieces, q_merges, q_num_slots,
+                       t_query, t_edge, k_pieces, k_merges, k_num_slots, scale, dropout_p, rng)
+
+
+@forward_op.register_fake
+def _forward_fake(q, k, v, rel, pad, indices, edge_type, q_pieces, q_merges, q_num_slots, t_query, t_edge,
+                  k_pieces, k_merges, k_num_slots, scale, dropout_p, rng):
+    # contiguous whatever the inputs' strides, as the kernels' outputs are
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+@torch.library.custom_op("fairseq_plugins::cuda_graph_attention_backward", mutates_args=(),
+                         device_types="cuda")
+def backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                rel: Optional[Tensor], pad: Optional[Tensor], indices: Tensor, edge_type: Tensor,
+                q_pieces: Tensor, q_merges: Tensor, q_num_slots: int, t_query: Tensor, t_edge: Tensor,
+                k_pieces: Tensor, k_merges: Tensor, k_num_slots: int, scale: float, dropout_p: float,
+                rng: Optional[Tensor], need_rel_grad: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(d q, d k, d v, d rel: [T, D], or [0, D] unless ``need_rel_grad``), recomputed from
+    ``lse``; the forward's dropout mask, regenerated from the same ``rng`` tensor."""
+    return run_backward(load_extension(), grad_out, q, k, v, out, lse, rel, pad, indices, edge_type, q_pieces,
+                        q_merges, q_num_slots, t_query, t_edge, k_pieces, k_merges, k_num_slots, scale,
+                        dropout_p, rng, need_rel_grad)
+
+
+@backward_op.register_fake
+def _backward_fake(grad_out, q, k, v, out, lse, rel, pad, indices, edge_type, q_pieces, q_merges, q_num_slots,
+                   t_query, t_edge, k_pieces, k_merges, k_num_slots, scale, dropout_p, rng, need_rel_grad):
+    grad_rel = q.new_empty((rel.size(0) if need_rel_grad else 0, q.size(-1)))
+    return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape), grad_rel
+
+
+def _setup_context(ctx, inputs, output):
+    (q, k, v, rel, pad, indices, edge_type, q_pieces, q_merges, q_num_slots, t_query, t_edge, k_pieces,
+     k_merges, k_num_slots, scale, dropout_p, rng) = inputs
+    ctx.save_for_backward(q, k, v, *output, rel, pad, indices, edge_type, q_pieces, q_merges, t_query,
+                          t_edge, k_pieces, k_merges, rng)
+    ctx.scalars = (q_num_slots, k_num_slots, scale, dropout_p)
+
+
+def _backward(ctx, grad_out, grad_lse):
+    (q, k, v, out, lse, rel, pad, indices, edge_type, q_pieces, q_merges, t_query, t_edge, k_pieces,
+     k_merges, rng) = ctx.saved_tensors
+    q_num_slots, k_num_slots, scale, dropout_p = ctx.scalars
+    need_rel_grad = rel is not None and ctx.needs_input_grad[3]
+    grad_q, grad_k, grad_v, grad_rel = backward_op(
+        grad_out, q, k, v, out, lse, rel, pad, indices, edge_type, q_pieces, q_merges, q_num_slots, t_query,
+        t_edge, k_pieces, k_merges, k_num_slots, scale, dropout_p, rng, need_rel_grad)
+    return (grad_q, grad_k, grad_v, grad_rel if need_rel_grad else None) + (None,) * 14
+
+
+torch.library.register_autograd("fairseq_plugins::cuda_graph_attention", _backward,
+                                setup_context=_setup_context)
+
+
+def dropout_rng(query: torch.Tensor) -> torch.Tensor:
+    """The dropout stream of one call: int64 [2] (seed, offset) drawn on the query's device
+    from torch's generator there (``torch.manual_seed`` reproduces it). A device op, not a
+    host integer: a captured CUDA graph draws anew on every replay, and a compiled graph on
+    every call."""
+    return torch.randint(2**63 - 1, (2,), dtype=torch.int64, device=query.device)
+
+
+def fused_graph_attention(query, key, value, graph, rel_key=None, key_padding_mask=None,
+                          dropout_p=0.0, scale=None, split_edges: int = SPLIT_EDGES):
+    """``graph_attention`` through the kernels' ops (the CUDA build on CUDA tensors; tests
+    register the host emulation as the ops' CPU kernel)."""
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     if scale is None:
         scale = query.size(-1) ** -0.5
     if rel_key is not None:
-        rel_key = _aligned(rel_key.to(query.dtype))
+        rel_key = rel_key.to(query.dtype)
     if key_padding_mask is not None:
         key_padding_mask = key_padding_mask.to(device=query.device, dtype=torch.bool).contiguous()
     plan = plan_on(graph, query.device, split_edges)
-    return GraphAttentionFunction.apply(_aligned(query), _aligned(key), _aligned(value), rel_key,
-                                        key_padding_mask, extension, plan, float(scale),
-                                        float(dropout_p))
+    rng = dropout_rng(query) if dropout_p > 0 else None
+    out, _ = forward_op(query, key, value, rel_key, key_padding_mask, plan.indices, plan.edge_type,
+                        *plan.by_query.args(), plan.t_query, plan.t_edge, *plan.by_key.args(), float(scale),
+                        float(dropout_p), rng)
+    return out
 
 
 def cuda_graph_attention(query, key, value, graph, rel_key=None, key_padding_mask=None,
                          dropout_p=0.0, scale=None):
     """Backend function (see ``graph_attention`` for the semantics)."""
-    return fused_graph_attention(load_extension(), query, key, value, graph, rel_key,
-                                 key_padding_mask, dropout_p, scale)
+    return fused_graph_attention(query, key, value, graph, rel_key, key_padding_mask, dropout_p, scale)
 
 
 def prepare(query: torch.Tensor, graph: AttentionGraph) -> None:
