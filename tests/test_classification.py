@@ -196,6 +196,55 @@ def test_sentence_pairs_and_frozen_glove(tmp_path):
     assert not weight.requires_grad
 
 
+def test_split_pair_hand_built():
+    from fairseq_plugins.modules.common.sentence_pairs import pair_features, split_pair
+
+    # <s>=0, pad=1, </s>=2: rows "<s> 5 6 </s> </s> 7 </s>" and "<s> 8 </s> </s> 9 10 11 </s>", right-padded
+    rows = torch.tensor([[0, 5, 6, 2, 2, 7, 2, 1, 1], [0, 8, 2, 2, 9, 10, 11, 2, 1]])
+    first, second = split_pair(rows, eos=2, pad=1)
+    assert first.tolist() == [[0, 5, 6, 2], [0, 8, 2, 1]]
+    assert second.tolist() == [[0, 7, 2, 1, 1], [0, 9, 10, 11, 2]]
+    with pytest.raises(ValueError, match="needs sentence pairs"):
+        split_pair(torch.tensor([[0, 5, 2, 1]]), eos=2, pad=1)
+    r1, r2 = torch.tensor([[1.0, -2.0]]), torch.tensor([[3.0, 1.0]])
+    assert pair_features(r1, r2).tolist() == [[1.0, -2.0, 3.0, 1.0, 2.0, 3.0, 3.0, -2.0]]
+
+
+@pytest.mark.slow
+def test_snli_pairs_encoded_separately_cli_and_hub(tmp_path):
+    data = write_classification(tmp_path / "pairs", pairs=True, n_train=64, n_eval=16)
+    # ms_classifier_snli defaults to --pair-encoding separate
+    save = _train(data, tmp_path / "ckpt", "--arch", "ms_classifier_snli", *SENTENCE_ARGS)
+    hub = MultiScaleClassifierModel.from_pretrained(str(save), "checkpoint_best.pt", str(data), user_dir=str(USER_DIR))
+    hub.eval()
+    model = hub.model
+    assert model.cfg.pair_encoding == "separate"
+    assert model.classification_heads["sentence_classification_head"].dense.in_features == 4 * 2 * 32
+    pairs = [("a man runs .", "a dog runs on the grass ."), ("two women sit on a bench in the park .", "a girl .")]
+    joined = [hub.encode(a, b) for a, b in pairs]
+    batch = torch.full((2, max(map(len, joined))), hub.task.source_dictionary.pad())
+    for i, row in enumerate(joined):
+        batch[i, : len(row)] = row
+    with torch.no_grad():
+        got, _ = model(batch)
+        for i, (a, b) in enumerate(pairs):  # each sentence alone, as a single sentence is read
+            alone = [model._sentence_vectors(hub.encode(s).unsqueeze(0), None)[0] for s in (a, b)]
+            want = torch.cat([alone[0], alone[1], (alone[0] - alone[1]).abs(), alone[0] * alone[1]], -1)
+            torch.testing.assert_close(got[i : i + 1], want, rtol=1e-5, atol=1e-5)
+    assert hub.predict_label(*pairs[0]) in {"same", "different"}
+    scored = score_checkpoint(save / "checkpoint_best.pt", data)
+    assert scored["accuracy"] == pytest.approx(100 * _accuracy(hub, data.parent / "raw", pairs=True))
+
+
+def test_separate_pair_encoding_needs_the_pair_layout(tmp_path):
+    data = write_classification(tmp_path / "pairs", pairs=True, n_train=8, n_eval=4)
+    at = SENTENCE_ARGS.index("--separator-token")
+    args = SENTENCE_ARGS[:at] + SENTENCE_ARGS[at + 2:]
+    with pytest.raises(Exception) as err:
+        _train(data, tmp_path / "ckpt", "--arch", "ms_classifier_snli", *args, "--max-update", "1")
+    assert "--pair-encoding separate" in str(err.value) and "--separator-token" in str(err.value)
+
+
 @pytest.mark.slow
 def test_tagger_cli_and_hub(tmp_path):
     data = write_tagging(tmp_path / "tags")
