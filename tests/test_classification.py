@@ -236,6 +236,57 @@ def test_snli_pairs_encoded_separately_cli_and_hub(tmp_path):
     assert scored["accuracy"] == pytest.approx(100 * _accuracy(hub, data.parent / "raw", pairs=True))
 
 
+@pytest.mark.slow
+def test_sequence_shift_evaluation(sentence_data, tmp_path):
+    """BPT Table 2's test: n zero-embedding placeholders before each sentence, scored by the evaluation command."""
+    from fairseq_plugins.recipes.config import load_config
+    from fairseq_plugins.recipes.evaluate_classification import evaluate
+
+    save = _train(sentence_data, tmp_path / "ckpt", "--arch", "bpt_classifier", *SENTENCE_ARGS)
+    checkpoint = save / "checkpoint_best.pt"
+    hub = BPTClassifierModel.from_pretrained(str(save), "checkpoint_best.pt", str(sentence_data),
+                                             user_dir=str(USER_DIR))
+    hub.eval()
+    raw = sentence_data.parent / "raw"
+    sentences = (raw / "test.input0").read_text().splitlines()
+    gold = (raw / "test.label").read_text().splitlines()
+    labels = hub.task.label_dictionary
+    embed = hub.model.encoder.embed_tokens
+    first_logits = []
+    for shift in (0, 3):
+        # independently of the scorer: <unk> x shift in front, the embedding layer's output there set to zero
+        hook = embed.register_forward_hook(lambda module, args, out, n=shift: out.index_fill(1, torch.arange(n), 0.0))
+        unk = torch.full((shift,), hub.task.source_dictionary.unk())
+        with torch.no_grad():
+            logits = [hub.predict("sentence_classification_head", torch.cat([unk, hub.encode(s)]), return_logits=True)
+                      for s in sentences]
+        hook.remove()
+        first_logits.append(logits[0])
+        predicted = [labels[int(x.argmax()) + labels.nspecial] for x in logits]
+        expected = 100 * sum(p == g for p, g in zip(predicted, gold)) / len(gold)
+        assert score_checkpoint(checkpoint, sentence_data, shift=shift)["accuracy"] == pytest.approx(expected)
+    assert not torch.allclose(*first_logits)  # the placeholders reach the encoder (a deeper tree, another root)
+    cfg = load_config("configs/classification/bpt/table2_bpt_sst5_shift3.yaml")
+    result = evaluate(cfg, sentence_data, [checkpoint], "test", tmp_path / "results")
+    assert "shifted by 3 zero-embedding placeholders" in result["test_set"]
+    assert result["accuracy"] == pytest.approx(expected)
+    with pytest.raises(ValueError, match="not options of the classification evaluation"):
+        evaluate(dict(cfg, evaluate={"shfit": 3}), sentence_data, [checkpoint], "test", tmp_path / "results")
+
+
+def test_bpt_table2_rows_score_table1s_runs():
+    from fairseq_plugins.recipes.config import all_configs, load_tables, run_key, seed_configs
+
+    configs = {c["name"]: c for c in all_configs()}
+    table1 = configs["classification/bpt/table1_bpt_sst5"]
+    rows = sorted((c for c in configs.values() if c["table"] == "bpt-table2"), key=lambda c: c["evaluate"]["shift"])
+    assert [c["evaluate"]["shift"] for c in rows] == list(range(8))
+    assert [c["row"] for c in rows] == load_tables()["bpt-table2"]["rows"]
+    for cfg in rows:  # no training of its own: the same 10 runs as Table 1's SST-5 row
+        assert [run_key(r) for r in seed_configs(cfg)] == [run_key(r) for r in seed_configs(table1)]
+    assert rows[0]["reported"]["accuracy"] == table1["reported"]["accuracy"] == 52.71
+
+
 def test_separate_pair_encoding_needs_the_pair_layout(tmp_path):
     data = write_classification(tmp_path / "pairs", pairs=True, n_train=8, n_eval=4)
     at = SENTENCE_ARGS.index("--separator-token")
@@ -306,7 +357,7 @@ def test_results_table_renders_accuracy_with_its_deviation_and_tagging_rows(tmp_
          "accuracy_signature": "mean of 10 run(s), standard deviation 0.50"}))
     text = render("bpt-table1", tmp_path, configs)
     assert "| BPT | 52.71 | 51.23 | 92.12 | - |" in text and "standard deviation 0.50" in text
-    pos = next(c for c in configs if c["table"] == "ms-table4" and c["data"] == "ptb-pos" and c["arch"] == "ms_tagger")
+    pos = next(c for c in configs if c["name"] == "tagging/table4_ms_ptb_pos")
     (tmp_path / "tagging").mkdir()
     (tmp_path / f"{pos['name']}.json").write_text(json.dumps(
         {"accuracy": 96.5, "test_set": "ptb-pos test", "accuracy_signature": "mean of 1 run(s)"}))
