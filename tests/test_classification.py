@@ -328,6 +328,86 @@ def test_tagger_cli_and_hub(tmp_path):
     assert (tmp_path / "results" / "tagging_check.json").exists()
 
 
+def test_char_ngrams_as_jmt_writes_them():
+    from fairseq_plugins.modules.common.char_ngram_embedding import char_ngrams
+
+    assert char_ngrams("ab") == ["2gram-#BEGIN#a", "2gram-ab", "2gram-b#END#", "3gram-#BEGIN#ab", "3gram-ab#END#",
+                                 "4gram-#BEGIN#ab#END#"]
+    assert len(char_ngrams("x")) == 2 + 1 + 0  # #BEGIN#x, x#END#; #BEGIN#x#END#; no 4-gram
+
+
+def test_char_ngram_embedding_against_a_float64_reference(tmp_path):
+    from fairseq_plugins.modules.common.char_ngram_embedding import CharNgramWordEmbedding, char_ngrams
+
+    d = Dictionary()
+    for word in ("cat", "cab", "a"):
+        d.add_symbol(word)
+    words = nn.Embedding(len(d), 3, padding_idx=d.pad()).double()
+    emb = CharNgramWordEmbedding(words, d, 4).double()
+    assert emb.embedding_dim == 7 and emb.padding_idx == d.pad() and emb.num_embeddings == len(d)
+    tokens = torch.tensor([[d.index("cat"), d.index("a"), d.eos()], [d.index("cab"), d.unk(), d.pad()]])
+    out = emb(tokens)
+    row = {gram: i for i, gram in enumerate(emb.ngrams)}
+    table = emb.ngram_embedding.weight
+    for b in range(2):
+        for t in range(3):
+            word = d[int(tokens[b, t])]
+            chars = (torch.stack([table[row[g]] for g in char_ngrams(word)]).mean(0)
+                     if t == 0 or (b, t) == (0, 1) else torch.zeros(4, dtype=torch.float64))
+            torch.testing.assert_close(out[b, t], torch.cat([words.weight[tokens[b, t]], chars]))
+    assert row["2gram-ca"] and len(emb.ngrams) == 1 + len(set(char_ngrams("cat") + char_ngrams("cab") +
+                                                             char_ngrams("a")))  # shared n-grams share a row
+    # gradients reach each n-gram in proportion to its share of the mean
+    out[0, 0, 3:].sum().backward()
+    grad = emb.ngram_embedding.weight.grad
+    torch.testing.assert_close(grad[row["2gram-ca"]], torch.full((4,), 1 / len(char_ngrams("cat")), dtype=grad.dtype))
+    assert grad[row["2gram-ab"]].abs().sum() == 0 and grad[0].abs().sum() == 0
+    # JMT's charNgram.txt start, in GloVe's text format
+    vectors = tmp_path / "charNgram.txt"
+    vectors.write_text("2gram-ca 1 2 3 4\n3gram-zzz 0 0 0 0\n")
+    assert emb.load_ngram_vectors(vectors) == 1
+    assert emb.ngram_embedding.weight[row["2gram-ca"]].tolist() == [1, 2, 3, 4]
+    vectors.write_text("2gram-ca 1 2\n")
+    with pytest.raises(ValueError, match="--char-ngram-dim is 4"):
+        emb.load_ngram_vectors(vectors)
+
+
+@pytest.mark.slow
+def test_tagger_with_character_ngrams_cli_and_hub(tmp_path):
+    from fairseq_plugins.modules.common.char_ngram_embedding import CharNgramWordEmbedding
+
+    data = write_tagging(tmp_path / "tags", n_train=96, n_eval=24)
+    ngrams = tmp_path / "charNgram.txt"
+    ngrams.write_text("2gram-ma 1 1 1 1 1 1 1 1\n3gram-man 2 2 2 2 2 2 2 2\n")
+    run_cli("fairseq-train", data, "--user-dir", USER_DIR, "--arch", "ms_tagger", *TINY,
+            "--char-ngram-dim", "8", "--char-ngram-path", ngrams,
+            "--task", "sequence_tagging", "--criterion", "sequence_tagging", "--tag-scheme", "BIO",
+            "--optimizer", "adam", "--lr", "0.005", "--batch-size", "16", "--max-update", "30",
+            "--save-dir", tmp_path / "ckpt", "--no-epoch-checkpoints", "--log-format", "simple", "--cpu",
+            "--num-workers", "0", "--seed", "1", "--best-checkpoint-metric", "f1",
+            "--maximize-best-checkpoint-metric")  # fmt: skip
+    hub = MultiScaleClassifierModel.from_pretrained(str(tmp_path / "ckpt"), "checkpoint_best.pt", str(data),
+                                                    user_dir=str(USER_DIR))
+    hub.eval()
+    embed = hub.model.encoder.embed_tokens
+    assert isinstance(embed, CharNgramWordEmbedding) and embed.embedding_dim == 32
+    assert embed.word_embedding.embedding_dim == 24 and embed.ngram_embedding.embedding_dim == 8
+    trained = embed.ngram_embedding.weight[embed.ngrams.index("3gram-man")]
+    assert not torch.equal(trained, torch.full((8,), 2.0)) and trained.sub(2.0).abs().max() < 1.0  # started there
+    sentence = "a young man is sitting on a bench ."
+    assert len(hub.predict_label(sentence)) == len(sentence.split())
+    raw = tmp_path / "tags" / "raw"
+    gold = [line.split() for line in (raw / "test.label").read_text().splitlines()]
+    pred = [hub.predict_label(line) for line in (raw / "test.input0").read_text().splitlines()]
+    scored = score_checkpoint(tmp_path / "ckpt" / "checkpoint_best.pt", data)
+    assert scored["f1"] == pytest.approx(f1(*span_counts(gold, pred)))
+    with pytest.raises(RuntimeError, match="--char-ngram-path needs --char-ngram-dim"):
+        run_cli("fairseq-train", data, "--user-dir", USER_DIR, "--arch", "ms_tagger", *TINY,
+                "--char-ngram-path", ngrams, "--task", "sequence_tagging", "--criterion", "sequence_tagging",
+                "--optimizer", "adam", "--batch-size", "4", "--max-update", "1", "--cpu",
+                "--save-dir", tmp_path / "none")
+
+
 def test_tagging_rejects_words_without_tags(tmp_path):
     data = write_tagging(tmp_path / "tags", n_train=8, n_eval=4)
     raw = tmp_path / "tags" / "raw"

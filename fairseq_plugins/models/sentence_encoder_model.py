@@ -10,7 +10,9 @@ classifies every token's state instead of the sentence vector.
 
 Inputs may start from pre-trained word vectors: ``--encoder-embed-path`` names a GloVe text
 file (fairseq's flag; read as GloVe here), ``--freeze-embeddings`` keeps them fixed as the
-BPT and SegTree papers do.
+BPT and SegTree papers do. ``--char-ngram-dim`` joins character features to every word (JMT's
+character n-grams, the Multi-Scale paper's "+ Char" tagging rows): the word embedding then
+takes the encoder's width minus that dim.
 
 Sentence pairs are read jointly by default (the task's single row ``<s> a </s> SEP b </s>``, as
 RoBERTa reads MNLI); ``--pair-encoding separate`` encodes each sentence alone with the same
@@ -30,6 +32,7 @@ from fairseq.models.transformer import Embedding, TransformerConfig
 
 from fairseq_plugins.models.dictionary_fingerprint import DictionaryFingerprint
 from fairseq_plugins.models.model_options import add_config_args, check_at_least, check_choice
+from fairseq_plugins.modules.common.char_ngram_embedding import CharNgramWordEmbedding
 from fairseq_plugins.modules.common.classification_heads import ClassificationHead
 from fairseq_plugins.modules.common.pretrained_embeddings import load_pretrained
 from fairseq_plugins.modules.common.sentence_pairs import pair_features, split_pair
@@ -55,6 +58,11 @@ class ClassifierOptions:
     pair_encoding: ChoiceEnum(PAIR_ENCODINGS) = field(default="joint", metadata={
         "help": "sentence pairs: joint (one row, premise SEP hypothesis: RoBERTa) or separate (each sentence "
                 "encoded alone, head on [r1; r2; |r1 - r2|; r1 * r2]: the Multi-Scale paper's SNLI)"})
+    char_ngram_dim: int = field(default=0, metadata={
+        "help": "character features: width of JMT's character n-gram embedding (n 2-4, averaged per word) "
+                "concatenated to the word embedding, which takes the rest of --encoder-embed-dim (0: none)"})
+    char_ngram_path: str = field(default="", metadata={
+        "help": "JMT's pre-trained charNgram.txt to start the n-gram embeddings from (needs --char-ngram-dim)"})
     freeze_embeddings: bool = field(default=False, metadata={
         "help": "keep the input embeddings fixed (with --encoder-embed-path: fixed GloVe, as BPT and SegTree)"})
 
@@ -94,12 +102,27 @@ class SentenceEncoderModel(DictionaryFingerprint, BaseFairseqModel):
                              "task --init-token and --separator-token (e.g. 0 and 2)")
         cls.check_options(cfg)
         dictionary = task.source_dictionary
-        embed_tokens = Embedding(len(dictionary), cfg.encoder.embed_dim, dictionary.pad())
+        return cls(cfg, cls.build_encoder(cfg, dictionary, cls.build_input_embedding(cfg, dictionary)))
+
+    @classmethod
+    def build_input_embedding(cls, cfg, dictionary):
+        """Word embeddings (GloVe, fixed or not), with character n-gram features when asked."""
+        if not 0 <= cfg.char_ngram_dim < cfg.encoder.embed_dim:
+            raise ValueError(f"--char-ngram-dim {cfg.char_ngram_dim} must be >= 0 and leave the word embedding part of "
+                             f"--encoder-embed-dim {cfg.encoder.embed_dim}")
+        if cfg.char_ngram_path and not cfg.char_ngram_dim:
+            raise ValueError("--char-ngram-path needs --char-ngram-dim (the width of its vectors, JMT's: 100)")
+        words = Embedding(len(dictionary), cfg.encoder.embed_dim - cfg.char_ngram_dim, dictionary.pad())
         if cfg.encoder.embed_path:
-            load_pretrained(embed_tokens, dictionary, cfg.encoder.embed_path)
+            load_pretrained(words, dictionary, cfg.encoder.embed_path)
         if cfg.freeze_embeddings:
-            embed_tokens.weight.requires_grad_(False)
-        return cls(cfg, cls.build_encoder(cfg, dictionary, embed_tokens))
+            words.weight.requires_grad_(False)
+        if not cfg.char_ngram_dim:
+            return words
+        embedding = CharNgramWordEmbedding(words, dictionary, cfg.char_ngram_dim)
+        if cfg.char_ngram_path:
+            embedding.load_ngram_vectors(cfg.char_ngram_path)
+        return embedding
 
     @classmethod
     def check_options(cls, cfg):
