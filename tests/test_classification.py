@@ -196,6 +196,106 @@ def test_sentence_pairs_and_frozen_glove(tmp_path):
     assert not weight.requires_grad
 
 
+def test_split_pair_hand_built():
+    from fairseq_plugins.modules.common.sentence_pairs import pair_features, split_pair
+
+    # <s>=0, pad=1, </s>=2: rows "<s> 5 6 </s> </s> 7 </s>" and "<s> 8 </s> </s> 9 10 11 </s>", right-padded
+    rows = torch.tensor([[0, 5, 6, 2, 2, 7, 2, 1, 1], [0, 8, 2, 2, 9, 10, 11, 2, 1]])
+    first, second = split_pair(rows, eos=2, pad=1)
+    assert first.tolist() == [[0, 5, 6, 2], [0, 8, 2, 1]]
+    assert second.tolist() == [[0, 7, 2, 1, 1], [0, 9, 10, 11, 2]]
+    with pytest.raises(ValueError, match="needs sentence pairs"):
+        split_pair(torch.tensor([[0, 5, 2, 1]]), eos=2, pad=1)
+    r1, r2 = torch.tensor([[1.0, -2.0]]), torch.tensor([[3.0, 1.0]])
+    assert pair_features(r1, r2).tolist() == [[1.0, -2.0, 3.0, 1.0, 2.0, 3.0, 3.0, -2.0]]
+
+
+@pytest.mark.slow
+def test_snli_pairs_encoded_separately_cli_and_hub(tmp_path):
+    data = write_classification(tmp_path / "pairs", pairs=True, n_train=64, n_eval=16)
+    # ms_classifier_snli defaults to --pair-encoding separate
+    save = _train(data, tmp_path / "ckpt", "--arch", "ms_classifier_snli", *SENTENCE_ARGS)
+    hub = MultiScaleClassifierModel.from_pretrained(str(save), "checkpoint_best.pt", str(data), user_dir=str(USER_DIR))
+    hub.eval()
+    model = hub.model
+    assert model.cfg.pair_encoding == "separate"
+    assert model.classification_heads["sentence_classification_head"].dense.in_features == 4 * 2 * 32
+    pairs = [("a man runs .", "a dog runs on the grass ."), ("two women sit on a bench in the park .", "a girl .")]
+    joined = [hub.encode(a, b) for a, b in pairs]
+    batch = torch.full((2, max(map(len, joined))), hub.task.source_dictionary.pad())
+    for i, row in enumerate(joined):
+        batch[i, : len(row)] = row
+    with torch.no_grad():
+        got, _ = model(batch)
+        for i, (a, b) in enumerate(pairs):  # each sentence alone, as a single sentence is read
+            alone = [model._sentence_vectors(hub.encode(s).unsqueeze(0), None)[0] for s in (a, b)]
+            want = torch.cat([alone[0], alone[1], (alone[0] - alone[1]).abs(), alone[0] * alone[1]], -1)
+            torch.testing.assert_close(got[i : i + 1], want, rtol=1e-5, atol=1e-5)
+    assert hub.predict_label(*pairs[0]) in {"same", "different"}
+    scored = score_checkpoint(save / "checkpoint_best.pt", data)
+    assert scored["accuracy"] == pytest.approx(100 * _accuracy(hub, data.parent / "raw", pairs=True))
+
+
+@pytest.mark.slow
+def test_sequence_shift_evaluation(sentence_data, tmp_path):
+    """BPT Table 2's test: n zero-embedding placeholders before each sentence, scored by the evaluation command."""
+    from fairseq_plugins.recipes.config import load_config
+    from fairseq_plugins.recipes.evaluate_classification import evaluate
+
+    save = _train(sentence_data, tmp_path / "ckpt", "--arch", "bpt_classifier", *SENTENCE_ARGS)
+    checkpoint = save / "checkpoint_best.pt"
+    hub = BPTClassifierModel.from_pretrained(str(save), "checkpoint_best.pt", str(sentence_data),
+                                             user_dir=str(USER_DIR))
+    hub.eval()
+    raw = sentence_data.parent / "raw"
+    sentences = (raw / "test.input0").read_text().splitlines()
+    gold = (raw / "test.label").read_text().splitlines()
+    labels = hub.task.label_dictionary
+    embed = hub.model.encoder.embed_tokens
+    first_logits = []
+    for shift in (0, 3):
+        # independently of the scorer: <unk> x shift in front, the embedding layer's output there set to zero
+        hook = embed.register_forward_hook(lambda module, args, out, n=shift: out.index_fill(1, torch.arange(n), 0.0))
+        unk = torch.full((shift,), hub.task.source_dictionary.unk())
+        with torch.no_grad():
+            logits = [hub.predict("sentence_classification_head", torch.cat([unk, hub.encode(s)]), return_logits=True)
+                      for s in sentences]
+        hook.remove()
+        first_logits.append(logits[0])
+        predicted = [labels[int(x.argmax()) + labels.nspecial] for x in logits]
+        expected = 100 * sum(p == g for p, g in zip(predicted, gold)) / len(gold)
+        assert score_checkpoint(checkpoint, sentence_data, shift=shift)["accuracy"] == pytest.approx(expected)
+    assert not torch.allclose(*first_logits)  # the placeholders reach the encoder (a deeper tree, another root)
+    cfg = load_config("configs/classification/bpt/table2_bpt_sst5_shift3.yaml")
+    result = evaluate(cfg, sentence_data, [checkpoint], "test", tmp_path / "results")
+    assert "shifted by 3 zero-embedding placeholders" in result["test_set"]
+    assert result["accuracy"] == pytest.approx(expected)
+    with pytest.raises(ValueError, match="not options of the classification evaluation"):
+        evaluate(dict(cfg, evaluate={"shfit": 3}), sentence_data, [checkpoint], "test", tmp_path / "results")
+
+
+def test_bpt_table2_rows_score_table1s_runs():
+    from fairseq_plugins.recipes.config import all_configs, load_tables, run_key, seed_configs
+
+    configs = {c["name"]: c for c in all_configs()}
+    table1 = configs["classification/bpt/table1_bpt_sst5"]
+    rows = sorted((c for c in configs.values() if c["table"] == "bpt-table2"), key=lambda c: c["evaluate"]["shift"])
+    assert [c["evaluate"]["shift"] for c in rows] == list(range(8))
+    assert [c["row"] for c in rows] == load_tables()["bpt-table2"]["rows"]
+    for cfg in rows:  # no training of its own: the same 10 runs as Table 1's SST-5 row
+        assert [run_key(r) for r in seed_configs(cfg)] == [run_key(r) for r in seed_configs(table1)]
+    assert rows[0]["reported"]["accuracy"] == table1["reported"]["accuracy"] == 52.71
+
+
+def test_separate_pair_encoding_needs_the_pair_layout(tmp_path):
+    data = write_classification(tmp_path / "pairs", pairs=True, n_train=8, n_eval=4)
+    at = SENTENCE_ARGS.index("--separator-token")
+    args = SENTENCE_ARGS[:at] + SENTENCE_ARGS[at + 2:]
+    with pytest.raises(Exception) as err:
+        _train(data, tmp_path / "ckpt", "--arch", "ms_classifier_snli", *args, "--max-update", "1")
+    assert "--pair-encoding separate" in str(err.value) and "--separator-token" in str(err.value)
+
+
 @pytest.mark.slow
 def test_tagger_cli_and_hub(tmp_path):
     data = write_tagging(tmp_path / "tags")
@@ -228,6 +328,86 @@ def test_tagger_cli_and_hub(tmp_path):
     assert (tmp_path / "results" / "tagging_check.json").exists()
 
 
+def test_char_ngrams_as_jmt_writes_them():
+    from fairseq_plugins.modules.common.char_ngram_embedding import char_ngrams
+
+    assert char_ngrams("ab") == ["2gram-#BEGIN#a", "2gram-ab", "2gram-b#END#", "3gram-#BEGIN#ab", "3gram-ab#END#",
+                                 "4gram-#BEGIN#ab#END#"]
+    assert len(char_ngrams("x")) == 2 + 1 + 0  # #BEGIN#x, x#END#; #BEGIN#x#END#; no 4-gram
+
+
+def test_char_ngram_embedding_against_a_float64_reference(tmp_path):
+    from fairseq_plugins.modules.common.char_ngram_embedding import CharNgramWordEmbedding, char_ngrams
+
+    d = Dictionary()
+    for word in ("cat", "cab", "a"):
+        d.add_symbol(word)
+    words = nn.Embedding(len(d), 3, padding_idx=d.pad()).double()
+    emb = CharNgramWordEmbedding(words, d, 4).double()
+    assert emb.embedding_dim == 7 and emb.padding_idx == d.pad() and emb.num_embeddings == len(d)
+    tokens = torch.tensor([[d.index("cat"), d.index("a"), d.eos()], [d.index("cab"), d.unk(), d.pad()]])
+    out = emb(tokens)
+    row = {gram: i for i, gram in enumerate(emb.ngrams)}
+    table = emb.ngram_embedding.weight
+    for b in range(2):
+        for t in range(3):
+            word = d[int(tokens[b, t])]
+            chars = (torch.stack([table[row[g]] for g in char_ngrams(word)]).mean(0)
+                     if t == 0 or (b, t) == (0, 1) else torch.zeros(4, dtype=torch.float64))
+            torch.testing.assert_close(out[b, t], torch.cat([words.weight[tokens[b, t]], chars]))
+    assert row["2gram-ca"] and len(emb.ngrams) == 1 + len(set(char_ngrams("cat") + char_ngrams("cab") +
+                                                             char_ngrams("a")))  # shared n-grams share a row
+    # gradients reach each n-gram in proportion to its share of the mean
+    out[0, 0, 3:].sum().backward()
+    grad = emb.ngram_embedding.weight.grad
+    torch.testing.assert_close(grad[row["2gram-ca"]], torch.full((4,), 1 / len(char_ngrams("cat")), dtype=grad.dtype))
+    assert grad[row["2gram-ab"]].abs().sum() == 0 and grad[0].abs().sum() == 0
+    # JMT's charNgram.txt start, in GloVe's text format
+    vectors = tmp_path / "charNgram.txt"
+    vectors.write_text("2gram-ca 1 2 3 4\n3gram-zzz 0 0 0 0\n")
+    assert emb.load_ngram_vectors(vectors) == 1
+    assert emb.ngram_embedding.weight[row["2gram-ca"]].tolist() == [1, 2, 3, 4]
+    vectors.write_text("2gram-ca 1 2\n")
+    with pytest.raises(ValueError, match="--char-ngram-dim is 4"):
+        emb.load_ngram_vectors(vectors)
+
+
+@pytest.mark.slow
+def test_tagger_with_character_ngrams_cli_and_hub(tmp_path):
+    from fairseq_plugins.modules.common.char_ngram_embedding import CharNgramWordEmbedding
+
+    data = write_tagging(tmp_path / "tags", n_train=96, n_eval=24)
+    ngrams = tmp_path / "charNgram.txt"
+    ngrams.write_text("2gram-ma 1 1 1 1 1 1 1 1\n3gram-man 2 2 2 2 2 2 2 2\n")
+    run_cli("fairseq-train", data, "--user-dir", USER_DIR, "--arch", "ms_tagger", *TINY,
+            "--char-ngram-dim", "8", "--char-ngram-path", ngrams,
+            "--task", "sequence_tagging", "--criterion", "sequence_tagging", "--tag-scheme", "BIO",
+            "--optimizer", "adam", "--lr", "0.005", "--batch-size", "16", "--max-update", "30",
+            "--save-dir", tmp_path / "ckpt", "--no-epoch-checkpoints", "--log-format", "simple", "--cpu",
+            "--num-workers", "0", "--seed", "1", "--best-checkpoint-metric", "f1",
+            "--maximize-best-checkpoint-metric")  # fmt: skip
+    hub = MultiScaleClassifierModel.from_pretrained(str(tmp_path / "ckpt"), "checkpoint_best.pt", str(data),
+                                                    user_dir=str(USER_DIR))
+    hub.eval()
+    embed = hub.model.encoder.embed_tokens
+    assert isinstance(embed, CharNgramWordEmbedding) and embed.embedding_dim == 32
+    assert embed.word_embedding.embedding_dim == 24 and embed.ngram_embedding.embedding_dim == 8
+    trained = embed.ngram_embedding.weight[embed.ngrams.index("3gram-man")]
+    assert not torch.equal(trained, torch.full((8,), 2.0)) and trained.sub(2.0).abs().max() < 1.0  # started there
+    sentence = "a young man is sitting on a bench ."
+    assert len(hub.predict_label(sentence)) == len(sentence.split())
+    raw = tmp_path / "tags" / "raw"
+    gold = [line.split() for line in (raw / "test.label").read_text().splitlines()]
+    pred = [hub.predict_label(line) for line in (raw / "test.input0").read_text().splitlines()]
+    scored = score_checkpoint(tmp_path / "ckpt" / "checkpoint_best.pt", data)
+    assert scored["f1"] == pytest.approx(f1(*span_counts(gold, pred)))
+    with pytest.raises(RuntimeError, match="--char-ngram-path needs --char-ngram-dim"):
+        run_cli("fairseq-train", data, "--user-dir", USER_DIR, "--arch", "ms_tagger", *TINY,
+                "--char-ngram-path", ngrams, "--task", "sequence_tagging", "--criterion", "sequence_tagging",
+                "--optimizer", "adam", "--batch-size", "4", "--max-update", "1", "--cpu",
+                "--save-dir", tmp_path / "none")
+
+
 def test_tagging_rejects_words_without_tags(tmp_path):
     data = write_tagging(tmp_path / "tags", n_train=8, n_eval=4)
     raw = tmp_path / "tags" / "raw"
@@ -257,7 +437,7 @@ def test_results_table_renders_accuracy_with_its_deviation_and_tagging_rows(tmp_
          "accuracy_signature": "mean of 10 run(s), standard deviation 0.50"}))
     text = render("bpt-table1", tmp_path, configs)
     assert "| BPT | 52.71 | 51.23 | 92.12 | - |" in text and "standard deviation 0.50" in text
-    pos = next(c for c in configs if c["table"] == "ms-table4" and c["data"] == "ptb-pos" and c["arch"] == "ms_tagger")
+    pos = next(c for c in configs if c["name"] == "tagging/table4_ms_ptb_pos")
     (tmp_path / "tagging").mkdir()
     (tmp_path / f"{pos['name']}.json").write_text(json.dumps(
         {"accuracy": 96.5, "test_set": "ptb-pos test", "accuracy_signature": "mean of 1 run(s)"}))

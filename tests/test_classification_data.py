@@ -88,3 +88,46 @@ def test_every_classification_config_names_a_corpus():
     for cfg in all_configs():
         if cfg["task"].get("task") in tasks:
             assert cfg["data"] in CORPORA, cfg["name"]
+
+
+def _sst_archive(folder: Path) -> Path:
+    """A zip laid out as trainDevTestTrees_PTB.zip (trees/*.txt) from the SST fixture: not the published bytes."""
+    import zipfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    archive = folder / "trainDevTestTrees_PTB.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for name in ("train.txt", "dev.txt", "test.txt"):
+            zf.write(FIXTURES / "sst" / "trees" / name, f"trees/{name}")
+    return archive
+
+
+def test_public_downloads_pin_a_sha256():
+    from fairseq_plugins.recipes.data import classification
+
+    for archive in (classification.SST, classification.IMDB, classification.SNLI):
+        assert archive.url.startswith("https://") and len(archive.sha256) == 64
+        int(archive.sha256, 16)
+
+
+@pytest.mark.parametrize("given", ["raw-dir", "cache"])
+def test_a_download_with_another_checksum_is_refused(given, tmp_path):
+    archive = _sst_archive(tmp_path / "in")
+    where = ["--raw-dir", str(tmp_path / "in")] if given == "raw-dir" else ["--cache-dir", str(tmp_path / "in")]
+    with pytest.raises(SystemExit) as err:
+        prepare_data.main(["sst5", "--out", str(tmp_path / "out"), *where])
+    message = str(err.value)
+    assert str(archive) in message and "is not the published 5c613a4f" in message and "delete it" in message
+    assert "HuggingFace" in message and not (tmp_path / "in" / "trainDevTestTrees_PTB.zip.d").exists()  # not unpacked
+
+
+def test_a_download_with_the_pinned_checksum_is_unpacked(tmp_path, monkeypatch):
+    import dataclasses
+
+    from fairseq_plugins.recipes.data import classification
+    from fairseq_plugins.recipes.data.common import sha256_of
+
+    archive = _sst_archive(tmp_path / "cache")
+    monkeypatch.setattr(classification, "SST", dataclasses.replace(classification.SST, sha256=sha256_of(archive)))
+    out = prepare_data.main(["sst5", "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache")])
+    assert json.loads((out / "prep.json").read_text())["examples"] == {"train": 3, "valid": 2, "test": 2}

@@ -10,11 +10,20 @@ classifies every token's state instead of the sentence vector.
 
 Inputs may start from pre-trained word vectors: ``--encoder-embed-path`` names a GloVe text
 file (fairseq's flag; read as GloVe here), ``--freeze-embeddings`` keeps them fixed as the
-BPT and SegTree papers do.
+BPT and SegTree papers do. ``--char-ngram-dim`` joins character features to every word (JMT's
+character n-grams, the Multi-Scale paper's "+ Char" tagging rows): the word embedding then
+takes the encoder's width minus that dim.
+
+Sentence pairs are read jointly by default (the task's single row ``<s> a </s> SEP b </s>``, as
+RoBERTa reads MNLI); ``--pair-encoding separate`` encodes each sentence alone with the same
+encoder and classifies ``[r1; r2; |r1 - r2|; r1 * r2]``, the Multi-Scale paper's SNLI setup
+(:mod:`fairseq_plugins.modules.common.sentence_pairs`).
 """
 
 from dataclasses import dataclass, field
 
+import torch
+import torch.nn.functional as F
 from torch import nn
 
 from fairseq.dataclass import ChoiceEnum
@@ -23,9 +32,14 @@ from fairseq.models.transformer import Embedding, TransformerConfig
 
 from fairseq_plugins.models.dictionary_fingerprint import DictionaryFingerprint
 from fairseq_plugins.models.model_options import add_config_args, check_at_least, check_choice
+from fairseq_plugins.modules.common.char_ngram_embedding import CharNgramWordEmbedding
 from fairseq_plugins.modules.common.classification_heads import ClassificationHead
 from fairseq_plugins.modules.common.pretrained_embeddings import load_pretrained
+from fairseq_plugins.modules.common.sentence_pairs import pair_features, split_pair
 from fairseq_plugins.modules.common.sentence_readout import READOUTS, readout_dim, sentence_vector
+
+
+PAIR_ENCODINGS = ("joint", "separate")
 
 
 @dataclass
@@ -41,6 +55,14 @@ class ClassifierOptions:
         "help": "hidden width of a 2-layer head (0: the encoder's embedding dim)"})
     pooler_dropout: float = field(default=0.0, metadata={"help": "dropout before (and inside) the head"})
     pooler_activation_fn: str = field(default="relu", metadata={"help": "activation inside a 2-layer head"})
+    pair_encoding: ChoiceEnum(PAIR_ENCODINGS) = field(default="joint", metadata={
+        "help": "sentence pairs: joint (one row, premise SEP hypothesis: RoBERTa) or separate (each sentence "
+                "encoded alone, head on [r1; r2; |r1 - r2|; r1 * r2]: the Multi-Scale paper's SNLI)"})
+    char_ngram_dim: int = field(default=0, metadata={
+        "help": "character features: width of JMT's character n-gram embedding (n 2-4, averaged per word) "
+                "concatenated to the word embedding, which takes the rest of --encoder-embed-dim (0: none)"})
+    char_ngram_path: str = field(default="", metadata={
+        "help": "JMT's pre-trained charNgram.txt to start the n-gram embeddings from (needs --char-ngram-dim)"})
     freeze_embeddings: bool = field(default=False, metadata={
         "help": "keep the input embeddings fixed (with --encoder-embed-path: fixed GloVe, as BPT and SegTree)"})
 
@@ -73,14 +95,34 @@ class SentenceEncoderModel(DictionaryFingerprint, BaseFairseqModel):
             cfg.max_source_positions = args.max_positions
         check_choice(cfg, "sentence_readout", READOUTS)
         check_at_least(cfg, "classifier_layers", 1)
+        check_choice(cfg, "pair_encoding", PAIR_ENCODINGS)
+        if cfg.pair_encoding == "separate" and None in (getattr(task.cfg, "init_token", None),
+                                                       getattr(task.cfg, "separator_token", None)):
+            raise ValueError("--pair-encoding separate splits the sentence_prediction task's pair rows: give the "
+                             "task --init-token and --separator-token (e.g. 0 and 2)")
         cls.check_options(cfg)
         dictionary = task.source_dictionary
-        embed_tokens = Embedding(len(dictionary), cfg.encoder.embed_dim, dictionary.pad())
+        return cls(cfg, cls.build_encoder(cfg, dictionary, cls.build_input_embedding(cfg, dictionary)))
+
+    @classmethod
+    def build_input_embedding(cls, cfg, dictionary):
+        """Word embeddings (GloVe, fixed or not), with character n-gram features when asked."""
+        if not 0 <= cfg.char_ngram_dim < cfg.encoder.embed_dim:
+            raise ValueError(f"--char-ngram-dim {cfg.char_ngram_dim} must be >= 0 and leave the word embedding part of "
+                             f"--encoder-embed-dim {cfg.encoder.embed_dim}")
+        if cfg.char_ngram_path and not cfg.char_ngram_dim:
+            raise ValueError("--char-ngram-path needs --char-ngram-dim (the width of its vectors, JMT's: 100)")
+        words = Embedding(len(dictionary), cfg.encoder.embed_dim - cfg.char_ngram_dim, dictionary.pad())
         if cfg.encoder.embed_path:
-            load_pretrained(embed_tokens, dictionary, cfg.encoder.embed_path)
+            load_pretrained(words, dictionary, cfg.encoder.embed_path)
         if cfg.freeze_embeddings:
-            embed_tokens.weight.requires_grad_(False)
-        return cls(cfg, cls.build_encoder(cfg, dictionary, embed_tokens))
+            words.weight.requires_grad_(False)
+        if not cfg.char_ngram_dim:
+            return words
+        embedding = CharNgramWordEmbedding(words, dictionary, cfg.char_ngram_dim)
+        if cfg.char_ngram_path:
+            embedding.load_ngram_vectors(cfg.char_ngram_path)
+        return embedding
 
     @classmethod
     def check_options(cls, cfg):
@@ -99,6 +141,8 @@ class SentenceEncoderModel(DictionaryFingerprint, BaseFairseqModel):
         """A head over the sentence vector, or with ``token_level`` over each token's state."""
         embed_dim = self.cfg.encoder.embed_dim
         input_dim = embed_dim if token_level else readout_dim(self.readout, embed_dim)
+        if self.cfg.pair_encoding == "separate" and not token_level:
+            input_dim *= 4  # [r1; r2; |r1 - r2|; r1 * r2]
         self.classification_heads[name] = ClassificationHead(
             input_dim, inner_dim or self.cfg.classifier_inner_dim or embed_dim, num_classes,
             self.cfg.classifier_layers, self.cfg.pooler_activation_fn, self.cfg.pooler_dropout,
@@ -108,16 +152,31 @@ class SentenceEncoderModel(DictionaryFingerprint, BaseFairseqModel):
     def forward(self, src_tokens, src_lengths=None, features_only=True, classification_head_name=None, **kwargs):
         """Logits of the head ``classification_head_name`` ([B x classes], a tagger's [B x T x
         classes]), or without a head the sentence vectors [B x D]; second: the encoder's output."""
-        want_root = self.readout == "root"
-        out = self.encoder(src_tokens, src_lengths=src_lengths, **({"return_root": True} if want_root else {}))
-        tokens = out["encoder_out"][0]
-        padding = out["encoder_padding_mask"][0] if out["encoder_padding_mask"] else None
         head = self.classification_heads[classification_head_name] if classification_head_name else None
         if head is not None and head.token_level:
-            return head(tokens.transpose(0, 1)), out
-        root = out["encoder_root"][0] if want_root else None
-        features = sentence_vector(self.readout, tokens, padding, root)
+            out = self.encoder(src_tokens, src_lengths=src_lengths)
+            return head(out["encoder_out"][0].transpose(0, 1)), out
+        if self.cfg.pair_encoding == "separate":
+            features, out = self._pair_vectors(src_tokens)
+        else:
+            features, out = self._sentence_vectors(src_tokens, src_lengths)
         return (features if head is None else head(features)), out
+
+    def _sentence_vectors(self, src_tokens, src_lengths):
+        want_root = self.readout == "root"
+        out = self.encoder(src_tokens, src_lengths=src_lengths, **({"return_root": True} if want_root else {}))
+        padding = out["encoder_padding_mask"][0] if out["encoder_padding_mask"] else None
+        root = out["encoder_root"][0] if want_root else None
+        return sentence_vector(self.readout, out["encoder_out"][0], padding, root), out
+
+    def _pair_vectors(self, src_tokens):
+        """Both sentences of every pair through the encoder in one batch of 2B rows."""
+        pad = self.encoder.dictionary.pad()
+        first, second = split_pair(src_tokens, self.encoder.dictionary.eos(), pad)
+        width = max(first.size(1), second.size(1))
+        rows = torch.cat([F.pad(part, (0, width - part.size(1)), value=pad) for part in (first, second)])
+        vectors, out = self._sentence_vectors(rows, rows.ne(pad).sum(1))
+        return pair_features(*vectors.chunk(2)), out
 
     def get_targets(self, sample, net_output):
         return sample["target"]

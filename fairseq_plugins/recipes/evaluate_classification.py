@@ -8,6 +8,10 @@ the test split runs through the task's own batching, and the score is computed f
 predictions: sentence accuracy; for tagging, token accuracy and span F1 (the task's
 ``--tag-scheme``). A config with ``seeds`` (the papers' protocol, e.g. BPT: 10 runs) is
 scored on each seed's run, and the result holds every run, the mean and the standard deviation.
+
+A config's ``evaluate: {shift: n}`` scores under a sequence shift (BPT section 4.1.1, Table 2):
+n placeholder symbols in front of each sentence, their embeddings all zeros, on a model trained
+without them (the same runs as the unshifted row).
 """
 
 import json
@@ -16,6 +20,37 @@ from pathlib import Path
 from typing import Dict, List
 
 TASKS = ("sentence_prediction", "sequence_tagging")
+EVALUATE_OPTIONS = ("shift",)  # what a classification config's ``evaluate:`` section may set
+
+
+def _zero_placeholders(model) -> int:
+    """Give the model's input embedding one more symbol, the placeholder, whose embedding is all
+    zeros (BPT's shift test); returns its id (one past the dictionary)."""
+    from torch import nn
+
+    class PlaceholderEmbedding(nn.Module):
+        def __init__(self, inner: nn.Embedding):
+            super().__init__()
+            self.inner, self.placeholder = inner, inner.num_embeddings
+            self.padding_idx, self.embedding_dim = inner.padding_idx, inner.embedding_dim
+
+        def forward(self, tokens):
+            is_placeholder = tokens.eq(self.placeholder)
+            vectors = self.inner(tokens.masked_fill(is_placeholder, self.padding_idx))
+            return vectors.masked_fill(is_placeholder.unsqueeze(-1), 0.0)
+
+    wrapped = PlaceholderEmbedding(model.encoder.embed_tokens)
+    model.encoder.embed_tokens = wrapped
+    return wrapped.placeholder
+
+
+def shifted(net_input: dict, placeholder: int, shift: int) -> dict:
+    """``shift`` placeholders in front of every (right-padded) row."""
+    import torch
+
+    tokens = net_input["src_tokens"]
+    front = tokens.new_full((tokens.size(0), shift), placeholder)
+    return dict(net_input, src_tokens=torch.cat([front, tokens], 1), src_lengths=net_input["src_lengths"] + shift)
 
 
 def _load(checkpoint: Path, data: Path):
@@ -29,8 +64,10 @@ def _load(checkpoint: Path, data: Path):
     return models[0].eval(), task
 
 
-def score_checkpoint(checkpoint: Path, data: Path, subset: str = "test", batch_size: int = 64) -> Dict[str, float]:
-    """{"accuracy"} (sentences or tokens) and for tagging with a tag scheme {"f1", "precision", "recall"}."""
+def score_checkpoint(checkpoint: Path, data: Path, subset: str = "test", batch_size: int = 64,
+                     shift: int = 0) -> Dict[str, float]:
+    """{"accuracy"} (sentences or tokens) and for tagging with a tag scheme {"f1", "precision", "recall"};
+    with ``shift`` n, n zero-embedding placeholders lead every sentence."""
     import torch
 
     from fairseq_plugins.tasks.sequence_tagging import IGNORE
@@ -38,16 +75,22 @@ def score_checkpoint(checkpoint: Path, data: Path, subset: str = "test", batch_s
 
     model, task = _load(checkpoint, data)
     tagging = hasattr(task, "num_tags")
+    if shift < 0 or shift and (tagging or getattr(model.cfg, "pair_encoding", "joint") == "separate"):
+        raise ValueError(f"shift {shift}: a shift is n >= 0 placeholders before a sentence to classify (not a "
+                         f"tagger's words, not pairs encoded separately)")
+    placeholder = _zero_placeholders(model) if shift else None
     head = task.cfg.classification_head_name
     task.load_dataset(subset)
+    limit = task.max_positions()  # fairseq refuses a longer sentence, naming it; a shifted one needs room
     batches = task.get_batch_iterator(task.dataset(subset), max_sentences=batch_size,
-                                      max_positions=task.max_positions()).next_epoch_itr(shuffle=False)
+                                      max_positions=limit - shift if limit else None).next_epoch_itr(shuffle=False)
     correct = total = 0
     spans = [0, 0, 0]
     scheme = getattr(task.cfg, "tag_scheme", "none")
     with torch.no_grad():
         for sample in batches:
-            logits, _ = model(**sample["net_input"], classification_head_name=head)
+            net_input = shifted(sample["net_input"], placeholder, shift) if shift else sample["net_input"]
+            logits, _ = model(**net_input, classification_head_name=head)
             target = sample["target"]
             if not tagging:
                 target = target.view(-1)
@@ -84,17 +127,26 @@ def summarize(per_run: List[Dict[str, float]]) -> Dict[str, float]:
 
 def evaluate(cfg, data: Path, checkpoints: List[Path], subset: str, results_dir: Path) -> dict:
     """Score each run's checkpoint and write ``results/<config>.json`` (mean, deviation, runs)."""
-    per_run = [score_checkpoint(c, data, subset) for c in checkpoints]
+    options = dict(cfg.get("evaluate") or {})
+    unknown = set(options) - set(EVALUATE_OPTIONS)
+    if unknown:
+        raise ValueError(f"{cfg['name']}: evaluate: {sorted(unknown)} are not options of the classification "
+                         f"evaluation ({', '.join(EVALUATE_OPTIONS)})")
+    shift = int(options.get("shift", 0))
+    per_run = [score_checkpoint(c, data, subset, shift=shift) for c in checkpoints]
     summary = summarize(per_run)
     where = f"{cfg['data']} {subset} (prepared by fairseq-plugins-prepare-data)"
+    if shift:
+        where += f", shifted by {shift} zero-embedding placeholders"
     result = {"config": cfg["name"], "table": cfg["table"], "row": cfg["row"], "column": cfg["column"],
               "subset": subset, "test_set": where, "runs": [{"checkpoint": str(c), **r} for c, r in
                                                               zip(checkpoints, per_run)], **summary}
     for metric in per_run[0]:  # what results_table prints beside the number
         spread = f", standard deviation {summary[metric + '_std']:.2f}" if len(per_run) > 1 else ""
         result[f"{metric}_signature"] = f"mean of {len(per_run)} run(s){spread}"
-    results_dir.mkdir(parents=True, exist_ok=True)
-    (results_dir / f"{cfg['name']}.json").write_text(json.dumps(result, indent=2) + "\n")
+    out = results_dir / f"{cfg['name']}.json"  # a config's name keeps its folders (classification/bpt/...)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"{cfg['name']} on {where}: " + ", ".join(
         f"{m} {summary[m]:.2f}" + (f" ± {summary[m + '_std']:.2f}" if len(per_run) > 1 else "")
         for m in per_run[0]), flush=True)

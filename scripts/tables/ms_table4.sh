@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Multi-Scale Table 4: sequence labelling
-# 6 rows, 6 training runs, data: conll03-ner, conll12-ner, ptb-pos; configs/tables.yaml lists the rows.
+# 12 rows, 12 training runs, data: conll03-ner, conll12-ner, ptb-pos; configs/tables.yaml lists the rows.
 #
 #   bash scripts/tables/ms_table4.sh              # prepare data, train, average, evaluate, tabulate
 #   bash scripts/tables/ms_table4.sh --dry-run    # print the plan and every command; run nothing

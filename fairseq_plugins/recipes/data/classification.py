@@ -5,9 +5,14 @@ layout (``input0/``, ``input1/`` for pairs, ``label/``; the ``sequence_tagging``
 the same layout with one tag per word): word-level text (no BPE: the papers feed GloVe word
 vectors), one dictionary for both inputs, binarized with ``fairseq-preprocess --only-source``.
 
-Public corpora are downloaded (SST, IMDB, SNLI). The others have licences that forbid
-redistribution or need an account (PTB, CoNLL03, CoNLL12) or no maintained download (MTL-16):
-without their files under ``--raw-dir`` the command stops and says where to get them.
+Public corpora are downloaded (SST, IMDB, SNLI) and each archive is checked against a pinned
+sha256 before it is unpacked (also when it is given packed under ``--raw-dir``). The sources
+publish no checksums; the pinned values are the ones HuggingFace ``datasets`` recorded for these
+exact archives (``datasets/<name>/dataset_infos.json``, ``download_checksums``), with the byte
+sizes recorded beside them. The others have licences that forbid redistribution or need an
+account (PTB, CoNLL03, CoNLL12) or no maintained download (MTL-16): without their files under
+``--raw-dir`` the command stops and says where to get them; nothing of theirs is downloaded, so
+there is nothing to check.
 """
 
 import json
@@ -21,9 +26,16 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .common import Archive, _find, locate, log
 
-SST_URL = "https://nlp.stanford.edu/sentiment/trainDevTestTrees_PTB.zip"
-IMDB_URL = "https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz"
-SNLI_URL = "https://nlp.stanford.edu/projects/snli/snli_1.0.zip"
+CHECKSUM_SOURCE = "HuggingFace datasets' dataset_infos.json for this archive"
+# (url, sha256, bytes): the values of huggingface/datasets, datasets/{sst,imdb,snli}/dataset_infos.json.
+# SST's is also the one Flux.jl's Data.Sentiment checks; HuggingFace records IMDB under http://, the same file.
+SST = Archive("https://nlp.stanford.edu/sentiment/trainDevTestTrees_PTB.zip", ["train.txt", "dev.txt", "test.txt"],
+              "5c613a4f673fc74097d523a2c83f38e0cc462984d847b82c7aaf36b01cbbbfcc")  # 789,539 bytes
+IMDB = Archive("https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz", ["imdb.vocab"],
+               "c40f74a18d3b61f90feba1e17730e0d38e8b97c05fde7008942e91923d1658fe")  # 84,125,825 bytes
+SNLI = Archive("https://nlp.stanford.edu/projects/snli/snli_1.0.zip",
+               ["snli_1.0_train.jsonl", "snli_1.0_dev.jsonl", "snli_1.0_test.jsonl"],
+               "afb3d70a5af5d8de0d9d81e2637e0fb8c22d1235c2749d83125ca43dab0dbd3e")  # 94,550,081 bytes
 MTL16_DOMAINS = {"apparel": "apparel", "baby": "baby", "books": "books", "camera": "camera_photo", "dvd": "dvd",
                  "electronics": "electronics", "health": "health_personal_care", "imdb": "imdb",
                  "kitchen": "kitchen_housewares", "magazines": "magazines", "mr": "MR", "music": "music",
@@ -49,6 +61,18 @@ class Corpus:
 
 class RawFilesMissing(FileNotFoundError):
     pass
+
+
+class DownloadRefused(RawFilesMissing):
+    """An archive that is not the published one: refused before it is unpacked."""
+
+
+def _fetch(archive: Archive, raw_dir, cache_dir) -> Dict[str, Path]:
+    """``locate`` one public archive; a checksum mismatch becomes a refusal that names the file."""
+    try:
+        return locate([archive], raw_dir, cache_dir)
+    except ValueError as err:  # locate's sha256 check
+        raise DownloadRefused(f"{err} (pinned from {CHECKSUM_SOURCE}: {archive.url})") from err
 
 
 # ---------------------------------------------------------------- readers
@@ -155,29 +179,29 @@ def read_conll(path: Path, word_column: int = 0, tag_column: int = -1) -> List[E
 
 
 def _sst(raw_dir, cache_dir, phrases: bool) -> Corpus:
-    files = locate([Archive(SST_URL, ["train.txt", "dev.txt", "test.txt"])], raw_dir, cache_dir)
+    files = _fetch(SST, raw_dir, cache_dir)
     splits = {"train": read_sst(files["train.txt"], phrases), "valid": read_sst(files["dev.txt"], False),
               "test": read_sst(files["test.txt"], False)}
     how = "every phrase of the training trees" if phrases else "whole training sentences"
     return Corpus(splits, f"Stanford Sentiment Treebank, fine-grained (5 classes), trained on {how}; "
-                          f"valid/test: whole sentences ({SST_URL})", {"phrases": phrases})
+                          f"valid/test: whole sentences ({SST.url})", {"phrases": phrases})
 
 
 def imdb(raw_dir, cache_dir) -> Corpus:
     """25k training reviews, 10% held out (seeded shuffle) for validation as McCann et al. (2017); 25k test."""
-    root = locate([Archive(IMDB_URL, ["imdb.vocab"])], raw_dir, cache_dir)["imdb.vocab"].parent
+    root = _fetch(IMDB, raw_dir, cache_dir)["imdb.vocab"].parent
     train = read_imdb(root, "train")
     random.Random(2345).shuffle(train)
     held = len(train) // 10
     return Corpus({"train": train[held:], "valid": train[:held], "test": read_imdb(root, "test")},
-                  f"IMDB (Maas et al., 2011; {IMDB_URL}), valid = 10% of train")
+                  f"IMDB (Maas et al., 2011; {IMDB.url}), valid = 10% of train")
 
 
 def snli(raw_dir, cache_dir) -> Corpus:
     names = {"train": "snli_1.0_train.jsonl", "valid": "snli_1.0_dev.jsonl", "test": "snli_1.0_test.jsonl"}
-    files = locate([Archive(SNLI_URL, list(names.values()))], raw_dir, cache_dir)
+    files = _fetch(SNLI, raw_dir, cache_dir)
     return Corpus({split: read_snli(files[name]) for split, name in names.items()},
-                  f"SNLI 1.0 (Bowman et al., 2015; CC BY-SA 4.0; {SNLI_URL})")
+                  f"SNLI 1.0 (Bowman et al., 2015; CC BY-SA 4.0; {SNLI.url})")
 
 
 def _needs(raw_dir, names: Sequence[str], what: str) -> Dict[str, Path]:
