@@ -76,7 +76,8 @@ def evaluate(cfg, data: Path, checkpoint: Path, subset: str, results_dir: Path, 
     result = {"config": cfg["name"], "table": cfg["table"], "row": cfg["row"], "column": cfg["column"],
               "run": checkpoint.parent.name, "checkpoint": str(checkpoint), "subset": subset,
               "test_set": f"{cfg['data']} {subset}", metric: value, f"{metric}_signature": signature, **scores}
-    results_dir.mkdir(parents=True, exist_ok=True)
-    (results_dir / f"{cfg['name']}.json").write_text(json.dumps(result, indent=2) + "\n")
+    out = results_dir / f"{cfg['name']}.json"  # a config's name keeps its folder (lm/...)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"{cfg['name']} on {result['test_set']}: {metric} {value:.4f}  ({signature})", flush=True)
     return result
