@@ -42,9 +42,10 @@ class Fake:
     def __init__(self, clock, ms, first_ms=None, broken=False, refusal=None, raise_when_timed=False):
         self.clock, self.ms, self.first_ms = clock, ms, first_ms
         self.broken, self.refusal, self.raise_when_timed = broken, refusal, raise_when_timed
-        self.calls = 0
+        self.calls, self.no_dropout = 0, False
 
     def __call__(self, query, key, value, graph, rel_key, key_padding_mask, dropout_p, scale):
+        assert not (self.no_dropout and dropout_p > 0), "called with the dropout it refuses"
         if self.raise_when_timed and query.size(1) == registry.TIMING_HEADS:
             raise RuntimeError("CUDA out of memory (fake)")
         self.clock.now += (self.first_ms if self.calls == 0 and self.first_ms else self.ms) / 1e3
@@ -53,7 +54,7 @@ class Fake:
         return out * 1.01 if self.broken else out
 
     def refuses(self, query, graph, dropout_p):
-        return self.refusal
+        return "no dropout" if self.no_dropout and dropout_p > 0 else self.refusal
 
 
 @pytest.fixture
@@ -196,6 +197,19 @@ def test_a_candidate_the_timing_has_not_seen_is_timed(gpu):
         assert _auto(graph, q, rel) == "fast"
     gpu.fakes["refusing"].refusal, gpu.fakes["refusing"].ms = None, 0.5
     assert _auto(graph, q, rel) == "refusing"
+
+
+def test_a_backend_without_dropout_is_checked_and_timed_without_it(gpu):
+    """Like flex: it refuses dropout, so its self-check leaves dropout out, and with dropout
+    on it is not a candidate."""
+    fake = gpu.fakes["refusing"]
+    fake.refusal, fake.no_dropout, fake.ms = None, True, 0.5
+    graph, q, k, v, rel = _inputs()
+    with pytest.warns(RuntimeWarning, match="'broken'"):
+        assert _auto(graph, q, rel) == "refusing"
+        assert _auto(graph, q, rel, dropout_p=0.1) == "fast"
+    with_dropout = [t for key, t in registry.AUTOTUNER._timings.items() if key.dropout]
+    assert "refusing" not in with_dropout[0].times_ms and "refusing" not in with_dropout[0].failed
 
 
 def test_the_environment_and_an_explicit_backend_override_auto(gpu, monkeypatch):
