@@ -114,6 +114,8 @@ def test_the_second_call_uses_the_memory_and_the_bucket_shares_it(gpu):
     with pytest.warns(RuntimeWarning, match="'broken'"):
         assert _auto(graph, q, rel) == "fast"
     runs = gpu.timed_runs
+    for stored in gpu.cache.iterdir():  # from memory, not from the disk
+        stored.unlink()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for tokens in (30, 31, 60):  # 63, 65 and 125 nodes: one bucket (<= 256)
@@ -252,12 +254,19 @@ def test_timing_excludes_the_warm_up_takes_the_median_and_is_bounded(gpu):
 
 
 def test_cpu_tensors_keep_the_untimed_cpu_choice(monkeypatch, tmp_path):
-    """On CPU there is one fast candidate (flex has no backward there): nothing is timed."""
+    """On CPU there is one fast candidate (flex has no backward there): the GPU candidates
+    are not looked at, nothing is timed."""
     clock = FakeClock()
+    registry._load_optional_backends()
     monkeypatch.setattr(registry, "AUTOTUNER", autotune.Autotuner(tmp_path, clock.timer))
+    monkeypatch.setattr(registry, "_BACKENDS", dict(registry._BACKENDS))
+    monkeypatch.setattr(registry, "AUTO_CANDIDATES", ("fast", "torch"))
     monkeypatch.delenv(registry.BACKEND_ENV, raising=False)
+    fast = Fake(clock, 0.1)
+    registry.register_backend("fast", fast)
     graph, q, k, v, rel = _inputs()
-    assert _auto(graph, q, rel) in ("cpu", "torch") and clock.timed_runs == 0
+    expected = "cpu" if "cpu" in registry._BACKENDS else "torch"
+    assert _auto(graph, q, rel) == expected and fast.calls == 0 and clock.timed_runs == 0
     assert not list(tmp_path.iterdir())
 
 

@@ -36,7 +36,7 @@ from typing import Optional
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from fairseq_plugins.graph_attention import autotune
+import fairseq_plugins.graph_attention.autotune as autotune
 from fairseq_plugins.graph_attention.registry import register_backend
 from fairseq_plugins.graphs.attention_graph import AttentionGraph
 

@@ -36,7 +36,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
-from fairseq_plugins.graph_attention import autotune
+import fairseq_plugins.graph_attention.autotune as autotune
 from fairseq_plugins.graph_attention.precision import autocast_inputs, autocast_off
 from fairseq_plugins.graphs.attention_graph import AttentionGraph
 from fairseq_plugins.graphs.binary_partition import bpt_graph, node_present
