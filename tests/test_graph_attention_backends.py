@@ -1,4 +1,5 @@
-"""CPU checks of the optional graph-attention backends: flex (forward) and cuda registration."""
+"""CPU checks of the optional graph-attention backends: flex (forward; its gradients through
+eager flex's reference backward; the compiled path's shapes) and cuda registration."""
 
 import pytest
 import torch
@@ -55,8 +56,60 @@ def test_flex_block_structure_covers_exactly_the_edges():
 def test_flex_rejects_dropout():
     graph = bpt_graph(10, 1)
     q, k, v, _ = _inputs(graph)
-    with pytest.raises(RuntimeError, match="'flex' cannot run these inputs: flex_attention has no attention dropout"):
+    with pytest.raises(RuntimeError, match="'flex' cannot run these inputs: flex_attention has no attention dropout "
+                                           r"\(auto uses another backend\)"):
         graph_attention(q, k, v, graph, dropout_p=0.1, backend="flex")
+
+
+def test_flex_gradients_match_float64(monkeypatch):
+    """torch 2.13 refuses flex's backward on CPU only by a device check: past it, eager flex
+    differentiates the mask and score functions (relative keys included) by its reference
+    backward, which checks what the compiled backward on a GPU is given."""
+    import torch.nn.attention.flex_attention as flex_module
+    monkeypatch.setattr(flex_module, "_validate_device", lambda *tensors: None)
+    graph = bpt_graph(40, 2)
+    leaves = _inputs(graph)
+    kpm = ~node_present(torch.tensor([40, 17]), 40)
+    grad = torch.randn(2, 2, graph.num_nodes, 16, dtype=torch.float64)
+    results = []
+    for backend in ("flex", "torch"):
+        tensors = [t.clone().requires_grad_() for t in leaves]
+        graph_attention(*tensors[:3], graph, tensors[3], kpm, backend=backend).backward(grad)
+        results.append([t.grad for t in tensors])
+    for flex_grad, torch_grad in zip(*results):
+        torch.testing.assert_close(flex_grad, torch_grad)
+
+
+def test_flex_tiles_use_compact_types():
+    blocks = flex_backend.graph_blocks(bpt_graph(300, 4), "cpu")
+    assert blocks.kv_num_blocks.dtype == blocks.kv_indices.dtype == blocks.tile_of_block.dtype == torch.int32
+    assert blocks.type_tiles.dtype == torch.int8
+    assert [flex_backend.edge_type_dtype(n) for n in (1, 127, 128, 32767, 32768)] == \
+        [torch.int8, torch.int8, torch.int16, torch.int16, torch.int32]
+
+
+def test_flex_compiled_path_compiles_once_per_size_bucket(monkeypatch):
+    """The compiled path (what CUDA runs), compiled on CPU by aot_eager (dynamo decides what
+    recompiles, whatever compiles): graphs of one size bucket share a compile across lengths
+    and batch sizes, and match float64."""
+    import torch._dynamo
+    monkeypatch.setattr(flex_backend, "COMPILED_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(flex_backend, "COMPILER", "aot_eager")
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    graphs = []
+    for tokens, batch in ((40, 2), (70, 2), (100, 3), (120, 4), (130, 2), (200, 5)):
+        graph = bpt_graph(tokens, 2)
+        q, k, v, rel = _inputs(graph, batch=batch, seed=tokens)
+        kpm = ~node_present(torch.tensor([tokens] * (batch - 1) + [tokens // 2]), tokens)
+        torch.testing.assert_close(graph_attention(q.float(), k.float(), v.float(), graph, rel.float(), kpm,
+                                                   backend="flex").double(),
+                                   graph_attention(q, k, v, graph, rel, kpm, backend="torch"), atol=1e-5, rtol=1e-5)
+        graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    # bucket 256 (81-241 nodes): the first graph, a recompile when the edge-tile count
+    # first changes, one when the batch size does, then none; bucket 512 (265, 403 nodes): one
+    assert graphs == [1, 2, 3, 3, 4, 4]
+    torch._dynamo.reset()
 
 
 def test_cpu_tensors_use_the_torch_backend_and_forcing_cuda_fails_clearly():

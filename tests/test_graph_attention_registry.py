@@ -1,5 +1,6 @@
 """``backend="auto"``: on a CUDA tensor a fast backend is used only after it passed its
-self-check there; one that fails is named in one warning and never picked. CPU tensors stand
+self-check there; one that fails is named in one warning and never picked (which of those
+that pass is fastest: test_graph_attention_autotune). CPU tensors stand
 in for CUDA ones through ``registry.wants_fast_backend``."""
 
 import warnings
@@ -7,7 +8,7 @@ import warnings
 import pytest
 import torch
 
-from fairseq_plugins.graph_attention import registry
+from fairseq_plugins.graph_attention import autotune, registry
 from fairseq_plugins.graph_attention.registry import graph_attention
 from fairseq_plugins.graphs.binary_partition import bpt_graph
 
@@ -29,13 +30,24 @@ class FakeBackend:
         return None if self.available else "switched off"
 
 
+def equal_times(run, device):
+    """A timer under which every candidate is as fast: the candidates' order decides."""
+    run()
+    return 1.0
+
+
 @pytest.fixture
-def fake_gpu(monkeypatch):
-    """CPU tensors count as CUDA ones; a fresh self-check cache; no real fast backends."""
+def fake_gpu(monkeypatch, tmp_path):
+    """CPU tensors count as CUDA ones; a fresh self-check cache; no real fast backends; the
+    candidates triton and cuda (the timing itself: test_graph_attention_autotune), timed
+    equal, once after a warm-up, into tmp_path."""
     monkeypatch.setattr(registry, "wants_fast_backend", lambda query: True)
     monkeypatch.setattr(registry, "_SELF_CHECKS", {})
+    monkeypatch.setattr(registry, "AUTO_CANDIDATES", ("triton", "cuda"))
+    monkeypatch.setattr(registry, "AUTOTUNER", autotune.Autotuner(tmp_path, equal_times, repeats=1))
+    monkeypatch.delenv(registry.BACKEND_ENV, raising=False)
     registry._load_optional_backends()
-    for name in registry.AUTO_PREFERENCE:
+    for name in ("triton", "cuda", "flex"):
         monkeypatch.delitem(registry._BACKENDS, name, raising=False)
 
     def install(name, backend):
@@ -74,14 +86,15 @@ def test_a_backend_failing_its_self_check_is_never_picked(fake_gpu):
     assert broken.calls == calls == 1 and registry.auto_backend(q, graph) == "torch"
 
 
-def test_preference_is_triton_then_cuda_and_a_missing_backend_is_skipped(fake_gpu):
+def test_a_missing_backend_is_skipped_and_equal_times_keep_the_candidates_order(fake_gpu):
     graph, q, k, v = _inputs()
     cuda = fake_gpu("cuda", FakeBackend())
-    assert registry.auto_backend(q, graph) == "cuda"  # no triton registered: skipped
+    assert registry.auto_backend(q, graph) == "cuda"  # no triton registered: skipped, nothing timed
     triton = fake_gpu("triton", FakeBackend())
     assert registry.auto_backend(q, graph) == "triton"
     graph_attention(q, k, v, graph)
-    assert triton.calls == CHECK_CALLS + 1 and cuda.calls == CHECK_CALLS  # self-checks, then the real call
+    timed = 2  # a warm-up and one timed run
+    assert triton.calls == CHECK_CALLS + timed + 1 and cuda.calls == CHECK_CALLS + timed  # then the real call
 
 
 def test_a_failing_first_choice_falls_through_to_the_next(fake_gpu):

@@ -16,22 +16,27 @@ named when the backend is asked for, and warned about unless only an optional de
 of devices, dtypes, shapes and limits) apart from getting ready (``prepare``: build or load
 its kernels), which happens only when it is about to be used.
 
-``backend="auto"`` trusts a fast backend only after it has checked itself: on the first call
-for a device, dtype and head dim, each registered backend of ``AUTO_PREFERENCE`` (on CPU:
-``CPU_AUTO_PREFERENCE``) that accepts the inputs gets ready and computes a small padded BPT
-graph forward and backward, compared with the torch backend (remembered for the process).
-The first that passes is used; one that fails is named in a single warning and skipped, and
-the torch backend is the last resort.
+``backend="auto"`` (unless ``BACKEND_ENV`` names a backend) trusts a fast backend only
+after it has checked itself: on the first call for a device, dtype and head dim, a backend
+that accepts the inputs gets ready and computes a padded BPT graph forward and backward,
+compared with the torch backend (remembered for the process); one that fails is named in a
+single warning and never used there. On a GPU, the backends of ``AUTO_CANDIDATES`` that
+pass are timed on the call's graph, forward and backward, once per ``autotune.TuningKey``
+(device, dtype, head dim, size bucket, dropout on/off), and the fastest is used; the timings
+are kept in memory and on disk (``autotune``). On CPU the first of ``CPU_AUTO_PREFERENCE``
+that passes is used, else the torch backend.
 """
 
 import functools
 import importlib
+import os
 import warnings
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
+import fairseq_plugins.graph_attention.autotune as autotune
 from fairseq_plugins.graph_attention.precision import autocast_inputs, autocast_off
 from fairseq_plugins.graphs.attention_graph import AttentionGraph
 from fairseq_plugins.graphs.binary_partition import bpt_graph, node_present
@@ -43,12 +48,15 @@ OPTIONAL_BACKENDS = {
     "flex": "fairseq_plugins.graph_attention.flex_backend",
     "triton": "fairseq_plugins.graph_attention.triton_backend",
 }
-# fast backends "auto" may use on a CUDA tensor, best first (until a GPU measurement says
-# otherwise); one that is not registered is skipped
-AUTO_PREFERENCE = ("triton", "cuda")
-# fast backends "auto" may use on a CPU tensor, best first: the fused "cpu" kernel is 2-7x
-# faster than the torch backend at every graph size measured, from sentences of 16 tokens to
-# documents of 8192 (benchmarks/graph_attention.md)
+# the backends "auto" times on a CUDA tensor; one that is not registered, refuses the inputs
+# or fails its self-check is skipped (the torch backend is the reference and is not checked)
+AUTO_CANDIDATES = ("triton", "cuda", "flex", "torch")
+# set to a backend name, it replaces backend="auto" (an explicit backend= still wins)
+BACKEND_ENV = "FAIRSEQ_PLUGINS_GRAPH_ATTENTION_BACKEND"
+# fast backends "auto" may use on a CPU tensor, best first, untimed: the fused "cpu" kernel is
+# 2-7x faster than the torch backend at every graph size measured, from sentences of 16
+# tokens to documents of 8192 (benchmarks/graph_attention.md), and the only other candidate
+# ("flex") has no backward on CPU
 CPU_AUTO_PREFERENCE: Tuple[str, ...] = ("cpu",)
 # the self-check's graph: long enough that every fast backend splits work as it does in
 # training (the root span's row reads every token: more key tiles than one Triton program
@@ -153,8 +161,10 @@ def graph_attention(
     Under autocast, float32 query/key/value are computed in autocast's dtype (``precision``);
     rel_key keeps its dtype, and so does its gradient.
     backend: "auto" or a registered name ("torch", "cpu", "cuda", "flex", ...); "auto" = the
-        first of ``AUTO_PREFERENCE`` (CUDA) or ``CPU_AUTO_PREFERENCE`` (CPU) that accepts
-        the inputs and passed its self-check, else "torch".
+        backend named by the environment variable ``BACKEND_ENV`` if set, else on CUDA the
+        fastest of ``AUTO_CANDIDATES`` that accepts the inputs and passed its self-check
+        (timed once per ``autotune.TuningKey``), on CPU the first such of
+        ``CPU_AUTO_PREFERENCE``, else "torch".
     Returns [B, H, N, D].
     """
     query, key, value = autocast_inputs(query, key, value)
@@ -180,12 +190,18 @@ def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype, head
     constant of the compiled graph."""
     # what the backends look at: one sentence and head of the query's kind
     query = torch.empty((), dtype=dtype, device=device).expand(1, 1, graph.num_nodes, head_dim)
+    named_by = ""
+    if backend == "auto" and os.environ.get(BACKEND_ENV, "auto") != "auto":
+        backend, named_by = os.environ[BACKEND_ENV], f" (named by {BACKEND_ENV})"
     if backend == "auto":
         backend = auto_backend(query, graph, dropout_p, rel_dtype)
-    entry = get_backend(backend)
+    try:
+        entry = get_backend(backend)
+    except ValueError as error:
+        raise ValueError(f"{error}{named_by}") from None
     reason = entry.refuses(query, graph, dropout_p)
     if reason is not None:
-        raise RuntimeError(f"graph attention backend {backend!r} cannot run these inputs: {reason}")
+        raise RuntimeError(f"graph attention backend {backend!r}{named_by} cannot run these inputs: {reason}")
     entry.prepare(query, graph)
     return backend
 
@@ -218,53 +234,116 @@ def _check_inputs(query, key, value, graph, rel_key, key_padding_mask, dropout_p
 
 
 def wants_fast_backend(query: torch.Tensor) -> bool:
-    """Whether "auto" tries the GPU backends (``AUTO_PREFERENCE``) for these tensors: CUDA ones.
+    """Whether "auto" times the GPU candidates (``AUTO_CANDIDATES``) for these tensors: CUDA ones.
 
     Module-level so that tests can stand a CPU tensor in for a CUDA one."""
     return query.is_cuda
 
 
+# the timings of "auto" on GPUs (tests put in one with their own cache folder and clock)
+AUTOTUNER = autotune.Autotuner()
+# the workload "auto" times, per graph: about this many nodes over the batch (a batch of
+# 4096 tokens is about 8192 nodes), ``TIMING_HEADS`` heads
+TIMING_BATCH_NODES = 8192
+TIMING_HEADS = 8
+
+
 def auto_backend(query: torch.Tensor, graph: AttentionGraph, dropout_p: float = 0.0,
                  rel_dtype: Optional[torch.dtype] = None) -> str:
-    """The backend ``backend="auto"`` uses for these inputs (see the module docstring)."""
+    """The backend ``backend="auto"`` uses for these inputs (see the module docstring); the
+    environment's ``BACKEND_ENV`` is not read here (``resolve_backend`` does)."""
     _load_optional_backends()
-    if wants_fast_backend(query):
-        candidates = AUTO_PREFERENCE
-    elif query.device.type == "cpu":
-        candidates = CPU_AUTO_PREFERENCE
-    else:
-        candidates = ()
-    for name in candidates:
-        entry = _BACKENDS.get(name)
-        if entry is not None and entry.refuses(query, graph, dropout_p) is None \
-                and passes_self_check(name, query, rel_dtype):
+    if not wants_fast_backend(query):
+        candidates = CPU_AUTO_PREFERENCE if query.device.type == "cpu" else ()
+        for name in candidates:
+            entry = _BACKENDS.get(name)
+            if entry is not None and entry.refuses(query, graph, dropout_p) is None \
+                    and passes_self_check(name, query, rel_dtype):
+                return name
+        return "torch"
+    names = [name for name in AUTO_CANDIDATES
+             if name in _BACKENDS and _BACKENDS[name].refuses(query, graph, dropout_p) is None]
+    key = autotune.TuningKey(autotune.device_name(query.device), query.dtype, rel_dtype, query.size(-1),
+                             autotune.size_bucket(graph.num_nodes), dropout_p > 0)
+    timing = AUTOTUNER.lookup(key)
+    if timing is None or not timing.covers(names):
+        correct = [name for name in names if _trusted(name, query, rel_dtype)]
+        if len(correct) < 2:
+            return correct[0] if correct else "torch"
+        untrusted = {name: f"self-check: {_SELF_CHECKS[_self_check_key(name, query, rel_dtype)]}"
+                     for name in names if name not in correct}
+        make_run = functools.partial(_timed_run, query=query, graph=graph, dropout_p=dropout_p, rel_dtype=rel_dtype)
+        with torch.inference_mode(False), torch.enable_grad(), autocast_off(query.device), \
+                torch.random.fork_rng(devices=[query.device] if query.is_cuda else []):
+            timing = AUTOTUNER.tune(key, correct, make_run, query.device, untrusted)
+    for name in timing.fastest_first(names):  # a timing from disk: check the winner in this process
+        if _trusted(name, query, rel_dtype):
             return name
     return "torch"
+
+
+def _trusted(name: str, query: torch.Tensor, rel_dtype: Optional[torch.dtype]) -> bool:
+    return name == "torch" or passes_self_check(name, query, rel_dtype)
+
+
+def _timed_run(name: str, query: torch.Tensor, graph: AttentionGraph, dropout_p: float,
+               rel_dtype: Optional[torch.dtype]) -> autotune.Run:
+    """One forward and backward of backend ``name`` on ``graph`` as training runs it (query,
+    key, value, relative keys and a padding mask, ``TIMING_BATCH_NODES`` nodes over the
+    batch), inputs built here so that the run times the op alone; called under the grad
+    mode, autocast state and forked random state of the timing (``auto_backend``)."""
+    entry = _BACKENDS[name]
+    entry.prepare(query, graph)
+    batch = max(1, round(TIMING_BATCH_NODES / graph.num_nodes))
+    gen = torch.Generator().manual_seed(0)
+    shape = (batch, TIMING_HEADS, graph.num_nodes, query.size(-1))
+    q, k, v = (torch.randn(shape, generator=gen).to(query.device, query.dtype).requires_grad_() for _ in range(3))
+    rel_key = None if rel_dtype is None else \
+        torch.randn(graph.num_edge_types, query.size(-1), generator=gen).to(query.device, rel_dtype).requires_grad_()
+    mask = torch.zeros(batch, graph.num_keys, dtype=torch.bool, device=query.device)
+    grad = torch.randn(shape, generator=gen).to(query.device, query.dtype)
+    scale = query.size(-1) ** -0.5
+
+    def run():
+        for leaf in (q, k, v, rel_key):
+            if leaf is not None:
+                leaf.grad = None
+        entry.fn(q, k, v, graph, rel_key, mask, dropout_p, scale).backward(grad)
+    return run
 
 
 def passes_self_check(name: str, query: torch.Tensor, rel_dtype: Optional[torch.dtype] = None) -> bool:
     """Backend ``name`` against the torch backend on ``query``'s device, dtype and head dim
     (and relative keys of ``rel_dtype``, default the query's: float32 ones under autocast);
     run once per process (after ``prepare``, whose failure fails the check), with one warning
-    naming the backend and the error on failure."""
-    rel_dtype = rel_dtype or query.dtype
-    key = (name, str(query.device), query.dtype, query.size(-1), rel_dtype)
+    naming the backend and the error on failure. A backend that refuses dropout is checked
+    without it (it never runs it)."""
+    key = _self_check_key(name, query, rel_dtype)
     if key not in _SELF_CHECKS:
         try:
-            _BACKENDS[name].prepare(query, SELF_CHECK_GRAPH())
+            graph = SELF_CHECK_GRAPH()
+            entry = _BACKENDS[name]
+            check_query = query.new_empty(()).expand(1, 1, graph.num_nodes, query.size(-1))
+            dropout = entry.refuses(check_query, graph, SELF_CHECK_DROPOUT) is None
+            entry.prepare(query, graph)
             with torch.inference_mode(False), torch.enable_grad():  # whatever the caller runs in
-                self_check(_BACKENDS[name].fn, query.device, query.dtype, query.size(-1), rel_dtype)
+                self_check(entry.fn, query.device, query.dtype, query.size(-1), key[-1], dropout)
             _SELF_CHECKS[key] = None
         except Exception as error:  # any failure means: do not trust it here
             _SELF_CHECKS[key] = f"{type(error).__name__}: {error}"
             warnings.warn(f"graph attention backend {name!r} failed its self-check on "
                           f"{query.device} / {query.dtype} / head dim {query.size(-1)} and "
-                          f"is not used there ({_SELF_CHECKS[key]}); using the next fast "
-                          f"backend, else 'torch'", RuntimeWarning, stacklevel=3)
+                          f"is not used there ({_SELF_CHECKS[key]}); 'auto' uses another backend",
+                          RuntimeWarning, stacklevel=3)
     return _SELF_CHECKS[key] is None
 
 
-def self_check(fn: BackendFn, device, dtype, head_dim: int, rel_dtype: Optional[torch.dtype] = None) -> None:
+def _self_check_key(name: str, query: torch.Tensor, rel_dtype: Optional[torch.dtype]) -> tuple:
+    return (name, str(query.device), query.dtype, query.size(-1), rel_dtype or query.dtype)
+
+
+def self_check(fn: BackendFn, device, dtype, head_dim: int, rel_dtype: Optional[torch.dtype] = None,
+               dropout: bool = True) -> None:
     """Raise unless ``fn`` computes what training runs, on ``SELF_CHECK_GRAPH`` (a BPT graph
     long enough that every fast backend splits work: see ``SELF_CHECK_TOKENS``), two
     sentences, one padded, 2 heads, relative keys of ``rel_dtype`` (default ``dtype``), each
@@ -272,7 +351,7 @@ def self_check(fn: BackendFn, device, dtype, head_dim: int, rel_dtype: Optional[
 
     * without dropout: output and the gradients of query, key, value and relative keys
       match the torch backend in float64;
-    * with dropout ``SELF_CHECK_DROPOUT``: a seed (``torch.manual_seed``) gives the same
+    * with dropout ``SELF_CHECK_DROPOUT`` (unless ``dropout`` is False): a seed (``torch.manual_seed``) gives the same
       output again; the backward applies the forward's mask (<out, dO> = <V, dV>, since
       the output is linear in V for a fixed mask); the kept probability mass per row is
       about 1 (the rate and the 1 / (1 - p) scaling); and for float32/float64 the
@@ -320,7 +399,8 @@ def self_check(fn: BackendFn, device, dtype, head_dim: int, rel_dtype: Optional[
         check("output", out, expected[0], dtype, tolerance)
         for name, a, e, want in zip(("d query", "d key", "d value", "d rel_key"), grads, expected[1], dtypes):
             check(name, a, e, want, tolerance)
-        _check_dropout(run, fn, inputs, grad, dtype, tolerance)
+        if dropout:
+            _check_dropout(run, fn, inputs, grad, dtype, tolerance)
 
 
 def _check_dropout(run, fn, inputs, grad, dtype, tolerance) -> None:
