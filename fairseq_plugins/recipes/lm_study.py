@@ -214,7 +214,7 @@ def parser(defaults: Dict[str, object] = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("results") / "lm_study")
     p.add_argument("--context", type=int, default=2048, help="characters per training sequence and test block")
-    p.add_argument("--updates", type=int, default=150)
+    p.add_argument("--updates", type=int, default=120)
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds the updates are split into")
     p.add_argument("--max-tokens", type=int, default=4096, help="tokens per update")
     p.add_argument("--layers", type=int, default=2)
