@@ -174,3 +174,26 @@ def test_train_command_stops_at_the_fixed_updates_or_the_time_share(tmp_path):
     assert both["--max-update"] == "400" and both["--stop-time-hours"] == "0.100000"
     budget_only = command(0, 360.0)
     assert "--max-update" not in budget_only and budget_only["--stop-time-hours"] == "0.100000"
+
+
+@pytest.mark.slow
+def test_language_model_part_trains_both_models_in_alternating_rounds(tmp_path):
+    """``--lm`` in tiny mode: fairseq-train resumed round by round, fairseq-eval-lm on the test split."""
+    import json
+    import math
+
+    tiny = ["--context", "64", "--updates", "4", "--rounds", "2", "--max-tokens", "256", "--dim", "16",
+            "--heads", "2", "--lr", "0.01", "--warmup", "1", "--log-interval", "1", "--heldout-chars", "2048",
+            "--backend", "torch"]
+    result = demo.language_model_part(tmp_path / "lm", threads=1, options=tiny)
+    assert [r["model"] for r in result["rows"]] == ["transformer_lm", "bpt_lm k4"]
+    vocab = len((tmp_path / "lm" / "data-bin" / "dict.txt").read_text().splitlines())
+    for row in result["rows"]:
+        assert [r["updates_done"] for r in row["rounds"]] == [2, 4]  # the second round resumed the first's
+        assert row["test_tokens"] == 2048  # one token per character of the test split
+        assert 0 < row["bpc"] < math.log2(vocab)  # below the uniform distribution's bits
+        assert len(row["speed_vs_baseline_per_round"]) == 2 and row["tokens_per_second"] > 0
+    assert result["rows"][0]["speed_vs_baseline_per_round"] == [1.0, 1.0]
+    saved = json.loads((tmp_path / "lm" / "lm_study.json").read_text())
+    assert saved["corpus"]["symbols"]["test"] == 2048 and len(saved["corpus"]["sha256"]) == 64
+    assert "| bpt_lm k4 |" in (tmp_path / "lm" / "lm_study.md").read_text()

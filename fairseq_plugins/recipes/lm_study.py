@@ -1,0 +1,244 @@
+"""A character-level language model on real English text: ``bpt_lm`` against ``transformer_lm`` of
+the same size at a long context, on CPU, with nothing to download.
+
+    python -m fairseq_plugins.recipes.lm_study --out results/lm_study   # about 10 min on 2 cores
+    fairseq-plugins-demo --lm                                            # a smaller run, beside the demo
+
+The corpus is the Python Language Reference and library topics that every CPython ships for
+``help()`` (``pydoc_data.topics``, PSF License): about 0.45 M characters of English technical
+prose with grammar rules and code examples between the paragraphs, read offline from the
+running interpreter (its text changes a little between Python versions: the version and the
+text's sha256 are recorded). Topics are joined in sorted order; the last ``2 x --heldout-chars``
+characters are valid then test.
+
+One token per character (its code point, so that no character needs escaping), the newline is
+fairseq's ``</s>``: ``fairseq-eval-lm``'s loss in base 2 over the test split is bits per
+character, every character counted once (a split not ending in a newline has one ``</s>`` more).
+
+Both models train with ``fairseq-train`` for the same ``--updates`` on the same batches
+(``--tokens-per-sample`` characters per sequence, ``--max-tokens`` per update), in ``--rounds``
+rounds that alternate the models (each round resumes from ``checkpoint_last.pt``; the order
+flips every round), so that other jobs on a shared machine slow both alike. Training speed is
+the median of fairseq's ``wps`` (tokens per second) over a round's progress lines; the ratio
+BPT / transformer is taken per round, and the median of those ratios is reported with the
+1-minute load average seen in each round. Held-out bpc: ``fairseq-eval-lm`` on the test split
+in non-overlapping blocks of the training context.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List
+
+from .config import USER_DIR
+from .data.common import fairseq_preprocess_only_source
+from .data.language_modeling import SPLITS, split_heldout
+from .evaluate_lm import parse as parse_eval_lm
+
+CORPUS = "Python Language Reference topics (pydoc_data.topics, shipped with CPython; PSF License)"
+BASELINE = "transformer_lm"
+_WPS = re.compile(r"\| train_inner \|.*\bwps=([\d.]+).*\bnum_updates=(\d+)")
+_PARAMS = re.compile(r"num\. (?:shared )?model params: ([\d,]+)")
+
+
+def python_docs_text() -> str:
+    """The help() topics of the running Python, in sorted order, one blank line between them."""
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics[name].strip("\n") for name in sorted(topics)) + "\n"
+
+
+def codepoint_lines(text: str):
+    """Each line's characters as their decimal code points; the newline is the line's end."""
+    lines = text.split("\n")
+    if text.endswith("\n"):
+        lines.pop()  # the last newline ends the last line
+    for line in lines:
+        yield " ".join(str(ord(c)) for c in line)
+
+
+def prepare_corpus(out: Path, heldout_chars: int) -> Path:
+    """Write the character text, ``prep.json`` and the binarized splits under ``out`` (reused)."""
+    if (out / "prep.json").exists() and json.loads((out / "prep.json").read_text())["heldout"] == heldout_chars:
+        return out
+    text = python_docs_text()
+    text_dir = out / "text"
+    text_dir.mkdir(parents=True, exist_ok=True)
+    sizes = {}
+    for split, part in split_heldout(text, heldout_chars).items():
+        (text_dir / f"{split}.txt").write_text("".join(line + "\n" for line in codepoint_lines(part)),
+                                               encoding="utf-8")
+        sizes[split] = len(part)
+    fairseq_preprocess_only_source(text_dir, out, SPLITS)
+    meta = {"corpus": CORPUS, "python": sys.version.split()[0], "unit": "characters", "metric": "bpc",
+            "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(), "symbols": sizes, "heldout": heldout_chars}
+    (out / "prep.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return out
+
+
+def model_flags(args) -> Dict[str, List[str]]:
+    """The two models: the same sizes, both pre-norm; BPT with its relative positions only."""
+    size = ["--decoder-layers", str(args.layers), "--decoder-embed-dim", str(args.dim),
+            "--decoder-input-dim", str(args.dim), "--decoder-output-dim", str(args.dim),
+            "--decoder-ffn-embed-dim", str(4 * args.dim), "--decoder-attention-heads", str(args.heads),
+            "--dropout", str(args.dropout)]
+    return {BASELINE: ["--arch", "transformer_lm", *size, "--decoder-normalize-before"],
+            f"bpt_lm k{args.k}": ["--arch", "bpt_lm", *size, "--graph-k", str(args.k),
+                                  "--graph-attention-backend", args.backend]}
+
+
+def _exe(name: str) -> str:
+    exe = shutil.which(name)
+    if exe is None:
+        raise RuntimeError(f"{name} not found on PATH: install fairseq with fairseq-plugins-install-fairseq")
+    return exe
+
+
+def train_round(data: Path, save_dir: Path, flags: List[str], args, until: int) -> dict:
+    """fairseq-train up to ``until`` updates, resuming from ``save_dir/checkpoint_last.pt``."""
+    cmd = [_exe("fairseq-train"), str(data), "--user-dir", str(USER_DIR), "--task", "language_modeling", *flags,
+           "--tokens-per-sample", str(args.context), "--sample-break-mode", "none",
+           "--max-tokens", str(args.max_tokens), "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
+           "--lr", str(args.lr), "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(args.warmup),
+           "--clip-norm", "1.0", "--max-update", str(until), "--disable-validation", "--no-epoch-checkpoints",
+           "--save-dir", str(save_dir), "--seed", str(args.seed), "--num-workers", "0",
+           "--log-format", "simple", "--log-interval", str(args.log_interval), "--cpu"]
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+    load = os.getloadavg()[0]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    seconds = time.monotonic() - t0
+    log = proc.stdout + proc.stderr
+    save_dir.mkdir(parents=True, exist_ok=True)
+    with open(save_dir / "train.log", "a", encoding="utf-8") as fh:
+        fh.write(log)
+    if proc.returncode != 0:
+        raise RuntimeError(f"fairseq-train failed:\n{' '.join(cmd)}\n{log[-4000:]}")
+    speeds = [float(w) for w, _ in _WPS.findall(log)]
+    if not speeds:
+        raise RuntimeError(f"no training progress line in {save_dir / 'train.log'}: lower --log-interval")
+    params = _PARAMS.search(log)
+    return {"until": until, "updates_done": max(int(u) for _, u in _WPS.findall(log)),
+            "tokens_per_second": statistics.median(speeds), "seconds": seconds,
+            "load": (load + os.getloadavg()[0]) / 2, "params": int(params.group(1).replace(",", ""))}
+
+
+def evaluate(data: Path, checkpoint: Path, args) -> dict:
+    """Test bpc in non-overlapping blocks of the training context."""
+    cmd = [_exe("fairseq-eval-lm"), str(data), "--user-dir", str(USER_DIR), "--path", str(checkpoint),
+           "--gen-subset", "test", "--tokens-per-sample", str(args.context), "--max-tokens", str(args.max_tokens),
+           "--num-workers", "0", "--cpu"]
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"fairseq-eval-lm failed:\n{proc.stderr[-4000:]}")
+    scores = parse_eval_lm(proc.stdout + proc.stderr)
+    return {"bpc": scores["loss_base2"], "test_tokens": scores["tokens"],
+            "eval_tokens_per_second": scores["tokens_per_second"]}
+
+
+def round_targets(updates: int, rounds: int) -> List[int]:
+    """The update count each round trains up to: ``rounds`` near-equal steps ending at ``updates``."""
+    if rounds < 1 or updates < rounds:
+        raise ValueError(f"{updates} updates cannot be split into {rounds} rounds")
+    return [round(updates * (r + 1) / rounds) for r in range(rounds)]
+
+
+def run_study(args, say=print) -> dict:
+    data = prepare_corpus(args.out / "data-bin", args.heldout_chars)
+    models = model_flags(args)
+    if args.out.joinpath("runs").exists():  # fairseq would resume from an earlier study's checkpoints
+        shutil.rmtree(args.out / "runs")
+    rounds: Dict[str, List[dict]] = {name: [] for name in models}
+    start = time.monotonic()
+    for r, until in enumerate(round_targets(args.updates, args.rounds)):
+        order = list(models) if r % 2 == 0 else list(models)[::-1]
+        for name in order:
+            rounds[name].append(train_round(data, args.out / "runs" / name.replace(" ", "_"), models[name], args,
+                                            until))
+            say(f"[lm] round {r + 1}/{args.rounds} {name}: {until} updates, "
+                f"{rounds[name][-1]['tokens_per_second']:.0f} tokens/s, load {rounds[name][-1]['load']:.1f}")
+    rows = []
+    for name in models:
+        scores = evaluate(data, args.out / "runs" / name.replace(" ", "_") / "checkpoint_last.pt", args)
+        say(f"[lm] {name}: test bpc {scores['bpc']:.3f}")
+        rows.append({"model": name, "params": rounds[name][0]["params"], "updates": args.updates,
+                     "tokens_per_second": statistics.median(x["tokens_per_second"] for x in rounds[name]),
+                     **scores, "rounds": rounds[name]})
+    base = rounds[BASELINE]
+    for row in rows:
+        ratios = [x["tokens_per_second"] / b["tokens_per_second"] for x, b in zip(row["rounds"], base)]
+        row["speed_vs_baseline"] = statistics.median(ratios)
+        row["speed_vs_baseline_per_round"] = ratios
+    loads = [x["load"] for rs in rounds.values() for x in rs]
+    meta = json.loads((data / "prep.json").read_text())
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    result = {"corpus": meta, "settings": settings, "cores": os.cpu_count(),
+              "load": {"mean": statistics.mean(loads), "max": max(loads)},
+              "seconds": time.monotonic() - start, "rows": rows}
+    (args.out / "lm_study.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out / "lm_study.md").write_text(markdown(result), encoding="utf-8")
+    return result
+
+
+def markdown(result: dict) -> str:
+    s, c = result["settings"], result["corpus"]
+    out = [f"### Character-level LM at context {s['context']}: {c['corpus']}", "",
+           f"Python {c['python']} text (sha256 {c['sha256'][:12]}...): train {c['symbols']['train']:,}, "
+           f"valid {c['symbols']['valid']:,}, test {c['symbols']['test']:,} characters. Both models: "
+           f"{s['layers']} layers, d {s['dim']}, FFN {4 * s['dim']}, {s['heads']} heads, dropout {s['dropout']}, "
+           f"{s['updates']} updates of {s['max_tokens']:,} tokens (Adam, lr {s['lr']}, {s['warmup']} warm-up), "
+           f"seed {s['seed']}, {s['threads']} thread(s) each, {s['rounds']} alternating rounds.",
+           f"Test bpc: fairseq-eval-lm in non-overlapping blocks of {s['context']}. Speed: median over rounds "
+           f"of fairseq's training tokens/s; the ratio is taken per round, then the median. 1-minute load "
+           f"average during training {result['load']['mean']:.1f} (max {result['load']['max']:.1f}) on "
+           f"{result['cores']} cores; the whole run took {result['seconds'] / 60:.1f} min.", "",
+           "| model | parameters | test bpc | train tokens/s | speed vs transformer_lm (per round) |",
+           "|---|---:|---:|---:|---|"]
+    for r in result["rows"]:
+        per_round = ", ".join(f"{x:.2f}" for x in r["speed_vs_baseline_per_round"])
+        out.append(f"| {r['model']} | {r['params']:,} | {r['bpc']:.3f} | {r['tokens_per_second']:.0f} | "
+                   f"{r['speed_vs_baseline']:.2f}x ({per_round}) |")
+    return "\n".join(out) + "\n"
+
+
+def parser(defaults: Dict[str, object] = None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=Path("results") / "lm_study")
+    p.add_argument("--context", type=int, default=2048, help="characters per training sequence and test block")
+    p.add_argument("--updates", type=int, default=120)
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds the updates are split into")
+    p.add_argument("--max-tokens", type=int, default=4096, help="tokens per update")
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--dropout", type=float, default=0.0)
+    p.add_argument("--k", type=int, default=4, help="BPT's k")
+    p.add_argument("--backend", default="auto", help="BPT's --graph-attention-backend")
+    p.add_argument("--lr", type=float, default=0.002)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--heldout-chars", type=int, default=20480, help="characters in valid, and in test")
+    p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS") or 2))
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--log-interval", type=int, default=5)
+    p.set_defaults(**(defaults or {}))
+    return p
+
+
+def main(argv=None) -> dict:
+    args = parser().parse_args(argv)
+    result = run_study(args)
+    print("\n" + markdown(result), flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    main()
