@@ -133,6 +133,8 @@ def signature(kernel, dtype: str, constants: dict) -> dict:
             types[name] = "*i32"
         elif name == "pad_ptr":
             types[name] = "*u8"
+        elif name == "seed_ptr":
+            types[name] = "*i64"
         elif name.endswith("_ptr"):
             types[name] = "*fp32"
         else:

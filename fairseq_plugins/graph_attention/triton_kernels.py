@@ -13,7 +13,8 @@ Every kernel runs one (work item, batch x head) per program. Scores and softmax 
 are fp32; every product has the input precision ``PRECISION`` (tf32x3 for fp32 operands);
 ``UPCAST`` casts the loaded operands to fp32 (the interpreter's bf16 ``tl.dot`` is wrong,
 Triton issue 11584). Dropout keeps an edge when a hash of (seed, batch x head, query
-node, key node) passes a threshold, so the backward regenerates the same mask in any order.
+node, key node) passes a threshold, so the backward regenerates the same mask in any order;
+the seed is a device tensor (``seed_ptr``), drawn on the device by the caller.
 """
 
 import triton
@@ -24,8 +25,8 @@ import triton.language as tl
 # runtime flag (it masks the gather and the atomics; a branch would cost registers), padding
 # is always read (an all-present mask without one); only dropout is a constexpr (a branch
 # around the hash costs about 40 registers), so each configuration has two binaries.
-SCALARS = ["num_nodes", "num_types", "heads", "num_batch_heads", "scale", "seed",
-           "dropout_threshold", "dropout_scale", "has_rel"]
+SCALARS = ["num_nodes", "num_types", "heads", "num_batch_heads", "scale", "dropout_threshold",
+           "dropout_scale", "has_rel"]
 
 
 @triton.jit
@@ -39,9 +40,10 @@ def _mix32(x):
 
 
 @triton.jit
-def _keep(seed, bh, query_node, key_node, num_nodes, threshold):
-    """Dropout keep bits of the (query_node, key_node) pairs (broadcast shapes)."""
-    stream = _mix32(seed.to(tl.uint32) ^ (bh.to(tl.uint32) * 0x9E3779B9))
+def _keep(seed_ptr, bh, query_node, key_node, num_nodes, threshold):
+    """Dropout keep bits of the (query_node, key_node) pairs (broadcast shapes); the seed is
+    read from device memory, so that a captured CUDA graph draws a new one on each replay."""
+    stream = _mix32(tl.load(seed_ptr).to(tl.uint32) ^ (bh.to(tl.uint32) * 0x9E3779B9))
     counter = query_node.to(tl.uint32) * num_nodes.to(tl.uint32) + key_node.to(tl.uint32)
     return (_mix32(counter ^ stream) >> 8).to(tl.int32) >= threshold
 
@@ -122,7 +124,7 @@ def _item(items_ptr):
 def forward_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr,
     slot_node_ptr, items_ptr, tile_start_ptr, tile_types_ptr, rel_ptr, pad_ptr,
-    num_nodes, num_types, heads, num_batch_heads, scale, seed, dropout_threshold, dropout_scale,
+    num_nodes, num_types, heads, num_batch_heads, scale, seed_ptr, dropout_threshold, dropout_scale,
     has_rel, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr, DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
 ):
@@ -151,7 +153,7 @@ def forward_kernel(
         alpha = tl.exp(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
         if DROPOUT:
-            keep = _keep(seed, bh, query_node[:, None], key_node[None, :], num_nodes,
+            keep = _keep(seed_ptr, bh, query_node[:, None], key_node[None, :], num_nodes,
                          dropout_threshold)
             p = tl.where(keep, p * dropout_scale, 0.0)
         v = _load_rows(v_ptr + matrix, key_node, key_node < num_nodes, D, UPCAST)
@@ -177,7 +179,7 @@ def forward_kernel(
 def backward_query_kernel(
     q_ptr, k_ptr, v_ptr, grad_out_ptr, lse_ptr, delta_ptr, grad_q_ptr, part_grad_q_ptr,
     grad_rel_ptr, slot_node_ptr, items_ptr, tile_start_ptr, tile_types_ptr, rel_ptr, pad_ptr,
-    num_nodes, num_types, heads, num_batch_heads, scale, seed, dropout_threshold, dropout_scale,
+    num_nodes, num_types, heads, num_batch_heads, scale, seed_ptr, dropout_threshold, dropout_scale,
     has_rel, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr, DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
 ):
@@ -208,7 +210,7 @@ def backward_query_kernel(
         p = tl.exp(s - lse[:, None])
         grad_p = tl.dot(grad_out, tl.trans(v), input_precision=PRECISION)
         if DROPOUT:
-            keep = _keep(seed, bh, query_node[:, None], key_node[None, :], num_nodes,
+            keep = _keep(seed_ptr, bh, query_node[:, None], key_node[None, :], num_nodes,
                          dropout_threshold)
             grad_p = tl.where(keep, grad_p * dropout_scale, 0.0)
         grad_s = p * (grad_p - delta[:, None])
@@ -231,7 +233,7 @@ def backward_key_kernel(
     q_ptr, k_ptr, v_ptr, grad_out_ptr, lse_ptr, delta_ptr, grad_k_ptr, grad_v_ptr,
     part_grad_k_ptr, part_grad_v_ptr, slot_node_ptr, num_slots, items_ptr, window_start_ptr,
     window_types_ptr, rel_ptr, pad_ptr,
-    num_nodes, num_types, heads, num_batch_heads, scale, seed, dropout_threshold, dropout_scale,
+    num_nodes, num_types, heads, num_batch_heads, scale, seed_ptr, dropout_threshold, dropout_scale,
     has_rel, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr, DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
 ):
@@ -271,7 +273,7 @@ def backward_key_kernel(
         grad_p = tl.dot(v, tl.trans(grad_out), input_precision=PRECISION)
         p_dropped = p
         if DROPOUT:
-            keep = _keep(seed, bh, query_node[None, :], key_node[:, None], num_nodes,
+            keep = _keep(seed_ptr, bh, query_node[None, :], key_node[:, None], num_nodes,
                          dropout_threshold)
             p_dropped = tl.where(keep, p * dropout_scale, 0.0)
             grad_p = tl.where(keep, grad_p * dropout_scale, 0.0)
