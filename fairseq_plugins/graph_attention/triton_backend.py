@@ -2,8 +2,9 @@
 
 Forward: one program per (query block or part of it, sentence x head) walks the block's key
 tiles (``tile_plan``) with an online softmax in fp32 and saves the log-sum-exp. Backward,
-FA2 style: Delta = rowsum(dO * O); dQ per query block; dK/dV per aligned key block over the
-windows of query slots that read it. Parts of split blocks are merged here, in a fixed order.
+FA2 style: dQ per query block (its kernel also writes Delta = rowsum(dO * O)); dK/dV, in the
+input dtype, per aligned key block over the windows of query slots that read it. Parts of
+split blocks are merged here, in a fixed order.
 Forward and backward are ``torch.library`` ops over the plan's tensors (``forward_op``,
 ``backward_op``) with fake implementations, so ``torch.compile`` traces them; the dropout
 seed is a tensor on the query's device (``draw_seed``), never read on the host.
@@ -165,10 +166,10 @@ def _scalars(rel_table, pad, lse, seed, num_nodes, heads, batch_heads, scale, dr
 
 # The kernels as torch.library ops on tensors (the plan's tensors, the padding mask, the
 # dropout seed) and scalars, with fake implementations and registered autograd:
-# torch.compile traces them without a graph break.
+# torch.compile traces them without a graph break. ``attention_forward`` and
+# ``attention_backward`` are their implementations (what a glue count steps into).
 
-@torch.library.custom_op("fairseq_plugins::triton_graph_attention", mutates_args=())
-def forward_op(q: Tensor, k: Tensor, v: Tensor, rel_key: Optional[Tensor], pad: Tensor,
+def attention_forward(q: Tensor, k: Tensor, v: Tensor, rel_key: Optional[Tensor], pad: Tensor,
                plan: List[Tensor], plan_sizes: List[int], heads: int, scale: float,
                dropout_p: float, seed: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
     """q, k, v: [BH, N, D]; pad: uint8 [B, N] (1 = absent); plan: ``TilePlan.tensors()``,
@@ -195,6 +196,10 @@ def forward_op(q: Tensor, k: Tensor, v: Tensor, rel_key: Optional[Tensor], pad: 
         return out, lse, rel_table
 
 
+forward_op = torch.library.custom_op("fairseq_plugins::triton_graph_attention", mutates_args=())(
+    attention_forward)
+
+
 @forward_op.register_fake
 def _forward_fake(q, k, v, rel_key, pad, plan, plan_sizes, heads, scale, dropout_p, seed):
     bh, num_nodes, _ = q.shape
@@ -203,8 +208,7 @@ def _forward_fake(q, k, v, rel_key, pad, plan, plan_sizes, heads, scale, dropout
             q.new_empty(table, dtype=torch.float32))
 
 
-@torch.library.custom_op("fairseq_plugins::triton_graph_attention_backward", mutates_args=())
-def backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                 rel_key: Optional[Tensor], rel_table: Tensor, pad: Tensor, plan: List[Tensor],
                 plan_sizes: List[int], heads: int, scale: float, dropout_p: float,
                 seed: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -213,9 +217,9 @@ def backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
     with autocast_off(q.device):
         bh, num_nodes, dim = q.shape
         device = q.device
-        grad_out, q, k, v, pad, seed = (_aligned(x) for x in (grad_out, q, k, v, pad, seed))
+        grad_out, q, k, v, out, pad, seed = (_aligned(x) for x in (grad_out, q, k, v, out, pad, seed))
         tiles = TilePlan.from_tensors(plan, plan_sizes, num_nodes)
-        delta = (grad_out.float() * out.float()).sum(-1)
+        delta = torch.empty(bh, num_nodes, device=device)  # rowsum(dO * O), by the dQ kernel
         scalars = _scalars(rel_table, pad, lse, seed, num_nodes, heads, bh, scale, dropout_p)
 
         work = tiles.query_work
@@ -223,12 +227,12 @@ def backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
         part_grad_q = torch.empty(work.num_parts, bh, tiles.block_m, dim, device=device)
         grad_rows = lse if rel_key is None else torch.zeros_like(rel_table)
         _launch("backward_query", (work.items.size(0), bh), q.dtype, dim, dropout_p > 0,
-                q, k, v, grad_out, lse, delta, grad_q, part_grad_q, grad_rows, tiles.slot_node,
+                q, k, v, out, grad_out, lse, delta, grad_q, part_grad_q, grad_rows, tiles.slot_node,
                 work.items, tiles.tile_start, tiles.tile_types, *scalars)
         merge_sum(grad_q, part_grad_q, tiles, work, True)
 
         work = tiles.key_work
-        grad_k, grad_v = (torch.empty(bh, num_nodes, dim, device=device) for _ in range(2))
+        grad_k, grad_v = (torch.empty_like(q) for _ in range(2))  # written in q's dtype
         part_grad_k, part_grad_v = (torch.empty(work.num_parts, bh, tiles.block_m, dim,
                                                 device=device) for _ in range(2))
         _launch("backward_key", (work.items.size(0), bh), q.dtype, dim, dropout_p > 0,
@@ -244,7 +248,11 @@ def backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
             grad_q += grad_rows @ rel_key.float()
             grad_rel = (grad_rows.reshape(-1, grad_rows.size(-1)).t()
                         @ q.reshape(-1, dim).float()).to(rel_key.dtype)
-        return grad_q.to(q.dtype), grad_k.to(q.dtype), grad_v.to(q.dtype), grad_rel
+        return grad_q.to(q.dtype), grad_k, grad_v, grad_rel
+
+
+backward_op = torch.library.custom_op("fairseq_plugins::triton_graph_attention_backward", mutates_args=())(
+    attention_backward)
 
 
 @backward_op.register_fake

@@ -177,14 +177,16 @@ def forward_kernel(
 
 @triton.jit(do_not_specialize=SCALARS)
 def backward_query_kernel(
-    q_ptr, k_ptr, v_ptr, grad_out_ptr, lse_ptr, delta_ptr, grad_q_ptr, part_grad_q_ptr,
+    q_ptr, k_ptr, v_ptr, out_ptr, grad_out_ptr, lse_ptr, delta_ptr, grad_q_ptr, part_grad_q_ptr,
     grad_rel_ptr, slot_node_ptr, items_ptr, tile_start_ptr, tile_types_ptr, rel_ptr, pad_ptr,
     num_nodes, num_types, heads, num_batch_heads, scale, seed_ptr, dropout_threshold, dropout_scale,
     has_rel, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr, DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """dQ (fp32, without the relative-key term) of one query block or part; with has_rel,
-    d(score) summed per (row, edge type) into grad_rel [BH, N, T] (atomics)."""
+    d(score) summed per (row, edge type) into grad_rel [BH, N, T] (atomics). Also writes
+    Delta = rowsum(dO * O) of the block's rows, which the key kernel reads (every part of a
+    split block writes the same values)."""
     block, first_tile, end_tile, part = _item(items_ptr)
     bh = tl.program_id(1)
     matrix = bh.to(tl.int64) * num_nodes * D
@@ -194,7 +196,9 @@ def backward_query_kernel(
     q = _load_rows(q_ptr + matrix, query_node, row_present, D, UPCAST)
     grad_out = _load_rows(grad_out_ptr + matrix, query_node, row_present, D, UPCAST)
     lse = tl.load(lse_ptr + vector + query_node, mask=row_present, other=float("inf"))
-    delta = tl.load(delta_ptr + vector + query_node, mask=row_present, other=0.0)
+    out = _load_rows(out_ptr + matrix, query_node, row_present, D, UPCAST)
+    delta = tl.sum(grad_out.to(tl.float32) * out.to(tl.float32), 1)
+    tl.store(delta_ptr + vector + query_node, delta, mask=row_present)
     rel_base = rel_ptr + vector * num_types
     grad_rel_base = grad_rel_ptr + vector * num_types
 
@@ -237,8 +241,9 @@ def backward_key_kernel(
     has_rel, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr, DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """dK, dV (fp32) of one aligned block of BLOCK_N key nodes (or a part of its windows of
-    BLOCK_M query slots): the transposed tiles, so that every product has BLOCK_N rows."""
+    """dK, dV of one aligned block of BLOCK_N key nodes (or a part of its windows of BLOCK_M
+    query slots): the transposed tiles, so that every product has BLOCK_N rows. Written in
+    the input dtype (a part of a split block in fp32, summed before the cast)."""
     block, first_window, end_window, part = _item(items_ptr)
     bh = tl.program_id(1)
     matrix = bh.to(tl.int64) * num_nodes * D
@@ -285,8 +290,10 @@ def backward_key_kernel(
     d = tl.arange(0, D)
     if part < 0:
         offset = matrix + key_node[:, None] * D + d[None, :]
-        tl.store(grad_k_ptr + offset, grad_k, mask=key_exists[:, None])
-        tl.store(grad_v_ptr + offset, grad_v, mask=key_exists[:, None])
+        tl.store(grad_k_ptr + offset, grad_k.to(grad_k_ptr.dtype.element_ty),
+                 mask=key_exists[:, None])
+        tl.store(grad_v_ptr + offset, grad_v.to(grad_v_ptr.dtype.element_ty),
+                 mask=key_exists[:, None])
     else:
         offset = (part.to(tl.int64) * num_batch_heads + bh) * BLOCK_N * D
         offset += keys[:, None] * D + d[None, :]
