@@ -184,3 +184,15 @@ def test_dropout_reads_nothing_on_the_host_and_draws_its_seed_on_the_query_devic
     with HostReads() as reads:  # the counter sees a host read
         int(seeds[-1])
     assert reads.count == 1
+
+
+def test_the_glue_count_steps_into_the_ops():
+    """``scripts/triton_work_model.py`` counts the PyTorch ops inside the two ops (the
+    relative-key GEMMs, the casts), not the two ops as two: 17 around the 3 Triton launches
+    of a forward + backward without split blocks (``docs/cuda_ext.md``)."""
+    from scripts import triton_work_model
+
+    glue = triton_work_model.count_glue(100, 32)
+    assert (glue["ops"], glue["launches"], glue["syncs"]) == (17, 3, 0)
+    assert {"matmul", "zeros_like"} <= set(glue["names"])
+    assert not {"triton_graph_attention", "triton_graph_attention_backward"} & set(glue["names"])
