@@ -348,7 +348,8 @@ def small_self_check(monkeypatch):
     tiles, so that it still splits query and key blocks."""
     from fairseq_plugins.graph_attention import registry
     monkeypatch.setattr(registry, "SELF_CHECK_TOKENS", 40)
-    monkeypatch.setattr(registry, "SELF_CHECK_GRAPH", lambda: bpt_graph(40, 1))
+    # a fresh graph (bpt_graph's are shared): its plan is built here, with these splits
+    monkeypatch.setattr(registry, "SELF_CHECK_GRAPH", lambda: bpt_graph.__wrapped__(40, 1))
     monkeypatch.setattr(tile_plan, "TILES_PER_ITEM", 2)
     plan = tile_plan.build_plan(bpt_graph(40, 1), *triton_backend.tiles(torch.float32, 32))
     assert plan.query_work.num_parts and plan.key_work.num_parts

@@ -34,7 +34,8 @@ def fresh_dynamo():
 def _op_arguments(graph, with_rel, dropout_p=0.0, bh=2, dim=32):
     """Arguments of ``forward_op`` for random inputs over ``graph`` (one head per sentence)."""
     gen = torch.Generator().manual_seed(0)
-    plan = tile_plan.plan_on(graph, *triton_backend.tiles(torch.float32, dim), "cpu")
+    # built here, not cached on the graph (bpt_graph is shared: other tests plan it otherwise)
+    plan = tile_plan.build_plan(graph, *triton_backend.tiles(torch.float32, dim))
     q, k, v = (torch.randn(bh, graph.num_nodes, dim, generator=gen, requires_grad=True) for _ in range(3))
     rel = torch.randn(graph.num_edge_types, dim, generator=gen, requires_grad=True) if with_rel else None
     pad = (~node_present(torch.tensor([graph.tree.num_tokens] + [3] * (bh - 1)),
@@ -188,11 +189,11 @@ def test_dropout_reads_nothing_on_the_host_and_draws_its_seed_on_the_query_devic
 
 def test_the_glue_count_steps_into_the_ops():
     """``scripts/triton_work_model.py`` counts the PyTorch ops inside the two ops (the
-    relative-key GEMMs, the casts), not the two ops as two: 17 around the 3 Triton launches
+    relative-key GEMMs, the casts), not the two ops as two: 15 around the 3 Triton launches
     of a forward + backward without split blocks (``docs/cuda_ext.md``)."""
     from scripts import triton_work_model
 
     glue = triton_work_model.count_glue(100, 32)
-    assert (glue["ops"], glue["launches"], glue["syncs"]) == (17, 3, 0)
+    assert (glue["ops"], glue["launches"], glue["syncs"]) == (15, 3, 0)
     assert {"matmul", "zeros_like"} <= set(glue["names"])
     assert not {"triton_graph_attention", "triton_graph_attention_backward"} & set(glue["names"])

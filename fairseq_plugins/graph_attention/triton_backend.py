@@ -267,11 +267,14 @@ def _setup_context(ctx, inputs, output):
     out, lse, rel_table = output
     ctx.save_for_backward(q, k, v, out, lse, rel_key, rel_table, pad, seed, *plan)
     ctx.scalars = (plan_sizes, heads, scale, dropout_p)
+    ctx.set_materialize_grads(False)  # lse and the table get no gradient: no zeros to fill
 
 
 def _backward(ctx, grad_out, grad_lse, grad_table):
     q, k, v, out, lse, rel_key, rel_table, pad, seed, *plan = ctx.saved_tensors
     plan_sizes, heads, scale, dropout_p = ctx.scalars
+    if grad_out is None:  # the output does not reach the loss
+        grad_out = torch.zeros_like(out)
     grad_q, grad_k, grad_v, grad_rel = backward_op(
         grad_out, q, k, v, out, lse, rel_key, rel_table, pad, plan, plan_sizes, heads, scale,
         dropout_p, seed)
