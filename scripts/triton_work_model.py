@@ -108,6 +108,11 @@ def flex_blocks(graph, block: int) -> int:
     return int(torch.unique(rows * (graph.num_nodes // block + 1) + cols).numel())
 
 
+# the triton backend's torch.library ops -> their Python implementations
+OP_IMPLEMENTATIONS = {"triton_graph_attention": triton_backend.attention_forward,
+                      "triton_graph_attention_backward": triton_backend.attention_backward}
+
+
 class GlueCount(TorchDispatchMode):
     """Every PyTorch op that launches a kernel, with the bytes it reads and writes, except
     while a Triton kernel runs (under the interpreter its arguments are copied around)."""
@@ -120,16 +125,31 @@ class GlueCount(TorchDispatchMode):
         self.ops, self.syncs, self.launches, self.paused = [], 0, 0, 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
+        implementation = OP_IMPLEMENTATIONS.get(name)
+        if implementation is not None:  # the backend's torch.library ops: count their insides
+            with self:
+                return implementation(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
         if self.paused:
             return out
         if name in ("_local_scalar_dense", "item", "is_nonzero"):
             self.syncs += 1
-        elif not func.is_view and name not in self.NO_KERNEL:
+        elif not _aliases_its_input(func, args, out) and name not in self.NO_KERNEL:
             tensors = [t for t in torch.utils._pytree.tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor)]
             self.ops.append((name, sum(t.numel() * t.element_size() for t in tensors)))
         return out
+
+
+def _aliases_its_input(func, args, out) -> bool:
+    """A view: no kernel. Inside the ops (below autograd), composite ops such as ``to``,
+    ``reshape`` and ``contiguous`` arrive whole, with a view's schema, and copy only
+    sometimes: what counts is whether the output shares the input's memory."""
+    if not func.is_view:
+        return False
+    if not (isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor)):
+        return True
+    return out.untyped_storage().data_ptr() == args[0].untyped_storage().data_ptr()
 
 
 def _glue_of_one_op(graph, tokens: int, dim: int, heads: int) -> GlueCount:
@@ -191,8 +211,9 @@ def triton_estimate(graph, n: int, args, glue) -> Dict[str, Range]:
     pairs = batch * heads
     rows = pairs * graph.num_nodes * dim * 2  # one [B, H, N, D] bf16 tensor, bytes
     table = pairs * graph.num_nodes * graph.num_edge_types * 4  # the [N, T] fp32 relative-key scores
-    # forward: Q K V in, O and lse out; dQ: Q K V dO lse/delta in, dQ out; dK/dV: same in, dK dV out
-    kernel_bytes = 15 * rows + 4 * table + 2 * (2 * work["tiles"] + work["windows"]) * work["block_m"] * work["block_n"]
+    # forward: Q K V in, O and lse out; dQ: Q K V O dO lse in, dQ and delta out; dK/dV: Q K V dO
+    # lse/delta in, dK dV out (in the input dtype)
+    kernel_bytes = 16 * rows + 4 * table + 2 * (2 * work["tiles"] + work["windows"]) * work["block_m"] * work["block_n"]
     memory = kernel_bytes / value("hbm")
     low_rate, high_rate = value("tile_rate")
     per_sm_tile = 4 * 2 * work["block_m"] * work["block_n"] * dim

@@ -8,6 +8,7 @@ on an idle core): the cases use one head and few programs.
 """
 
 import contextlib
+import os
 
 import pytest
 import torch
@@ -90,8 +91,7 @@ def check(graph, lengths, dtype=torch.float32, dropout_p=0.0, plan=None, seed=0,
     if plan is None:
         out = graph_attention(*low[:3], graph, low[3], mask, dropout_p, backend="triton")
     else:
-        out = triton_backend.TritonGraphAttention.apply(*low[:3], low[3], mask, plan, scale,
-                                                        dropout_p)
+        out = triton_backend.attend(*low[:3], plan, low[3], mask, scale, dropout_p)
     keep = None
     if dropout_p > 0:  # the kernel's seed is the first draw after torch.manual_seed(seed)
         torch.manual_seed(seed)
@@ -141,7 +141,7 @@ class LaunchRecorder:
 
 
 ARGUMENT_TYPES = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16",
-                  torch.int16: "*i16", torch.int32: "*i32", torch.uint8: "*u8"}
+                  torch.int16: "*i16", torch.int32: "*i32", torch.int64: "*i64", torch.uint8: "*u8"}
 
 
 def argument_type(value) -> str:
@@ -348,7 +348,8 @@ def small_self_check(monkeypatch):
     tiles, so that it still splits query and key blocks."""
     from fairseq_plugins.graph_attention import registry
     monkeypatch.setattr(registry, "SELF_CHECK_TOKENS", 40)
-    monkeypatch.setattr(registry, "SELF_CHECK_GRAPH", lambda: bpt_graph(40, 1))
+    # a fresh graph (bpt_graph's are shared): its plan is built here, with these splits
+    monkeypatch.setattr(registry, "SELF_CHECK_GRAPH", lambda: bpt_graph.__wrapped__(40, 1))
     monkeypatch.setattr(tile_plan, "TILES_PER_ITEM", 2)
     plan = tile_plan.build_plan(bpt_graph(40, 1), *triton_backend.tiles(torch.float32, 32))
     assert plan.query_work.num_parts and plan.key_work.num_parts
@@ -373,12 +374,12 @@ def test_the_self_check_catches_a_split_block_merge_bug(small_self_check, monkey
 
 
 def test_the_self_check_catches_a_backward_that_redraws_the_dropout_mask(small_self_check, monkeypatch):
-    original = triton_backend.TritonGraphAttention.backward
+    original = triton_backend.backward_op
 
-    def another_mask(ctx, grad_out):
-        ctx.seed += 1
-        return original(ctx, grad_out)
-    monkeypatch.setattr(triton_backend.TritonGraphAttention, "backward", staticmethod(another_mask))
+    def another_mask(*args):
+        *head, seed = args
+        return original(*head, seed + 1)
+    monkeypatch.setattr(triton_backend, "backward_op", another_mask)
     with pytest.raises(RuntimeError, match="the backward's mask is not the forward's"):
         small_self_check()
 
@@ -392,3 +393,51 @@ def test_the_self_check_catches_dropout_without_its_rescaling(small_self_check, 
     monkeypatch.setattr(triton_backend, "_scalars", no_rescaling)
     with pytest.raises(RuntimeError, match="kept probability mass"):
         small_self_check()
+
+
+def offsets_beyond_int32_case():
+    """A batch x heads x nodes x dim of 5 x 2^30 elements (10 GiB of fp16, allocated but never
+    touched but for the rows the plan reads: the pages stay virtual), whose later (sentence,
+    head)s start past 2^31 and 2^32 elements. A small graph's plan is moved to the last
+    nodes; the forward there matches the float64 reference computed on those rows alone.
+    Raises AssertionError on a mismatch; an int32 offset wraps to an address outside the
+    tensor and crashes the process (a GPU's illegal memory access)."""
+    small = bpt_graph(32, 2)
+    block_m, block_n = triton_backend.tiles(torch.float16, 32)
+    plan = tile_plan.build_plan(small, block_m, block_n)
+    assert not plan.query_work.num_parts and not plan.key_work.num_parts
+    shift, batch_heads, dim = 2**25 + 2**15, 5, 32  # 2^25 + 2^15 nodes of 32: 2^30 + 2^20
+    num_nodes = shift + small.num_nodes
+    assert (batch_heads - 1) * num_nodes * dim > 2**32 and num_nodes * dim < 2**31
+    key_items = plan.key_work.items.clone()
+    key_items[:, 0] += shift // block_m  # aligned key blocks: shift is a multiple of block_m
+    moved = tile_plan.TilePlan(
+        block_m, block_n, num_nodes, torch.where(plan.slot_node >= 0, plan.slot_node + shift, -1),
+        plan.tile_start + shift, plan.tile_types, plan.query_work, plan.window_start, plan.window_types,
+        tile_plan.WorkItems(key_items, 0, plan.key_work.part_index, plan.key_work.split_blocks))
+    qkv = torch.empty(batch_heads, num_nodes, dim, dtype=torch.float16)  # q = k = v
+    rows = slice(shift, num_nodes)
+    gen = torch.Generator().manual_seed(0)
+    values = torch.randn(batch_heads, small.num_nodes, dim, generator=gen).to(torch.float16)
+    qkv[:, rows] = values
+    pad = torch.zeros(1, num_nodes, dtype=torch.uint8)
+    out, _, _ = triton_backend.forward_op(qkv, qkv, qkv, None, pad, list(moved.tensors()),
+                                          list(moved.sizes()), batch_heads, dim ** -0.5, 0.0,
+                                          torch.zeros((), dtype=torch.int64))
+    x = values.double().view(1, batch_heads, small.num_nodes, dim)
+    expected = graph_attention(x, x, x, small, backend="torch")
+    assert_close(out[:, rows].view(expected.shape), expected, torch.float16, "output")
+
+
+def test_offsets_beyond_2_to_the_31_elements_are_computed_in_int64():
+    """``offsets_beyond_int32_case`` in a process of its own (a wrong offset crashes it)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    command = "from tests.test_triton_backend import offsets_beyond_int32_case as c; c()"
+    result = subprocess.run([sys.executable, "-c", command], cwd=Path(__file__).parent.parent,
+                            env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True,
+                            text=True, timeout=300)
+    if "Cannot allocate memory" in result.stderr or "DefaultCPUAllocator" in result.stderr:
+        pytest.skip("the OS refuses 10 GiB of address space here")
+    assert result.returncode == 0, f"exit status {result.returncode}: {result.stderr[-3000:]}"

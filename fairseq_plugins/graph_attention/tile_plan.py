@@ -25,6 +25,7 @@ Exact for every graph: tiles come from the edges, the tree only makes them few.
 """
 
 from dataclasses import dataclass
+from typing import Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -62,6 +63,27 @@ class TilePlan:
     window_types: torch.Tensor  # int16 [windows, BLOCK_M keys, BLOCK_N query slots]
     key_work: WorkItems  # blocks = aligned blocks of BLOCK_M keys, tiles = windows
 
+    def tensors(self) -> Tuple[torch.Tensor, ...]:
+        """The plan's tensors, in the order ``from_tensors`` reads them: what the
+        ``torch.library`` ops take in place of the plan object."""
+        return (self.slot_node, self.tile_start, self.tile_types, *_work_tensors(self.query_work),
+                self.window_start, self.window_types, *_work_tensors(self.key_work))
+
+    def sizes(self) -> Tuple[int, int, int, int]:
+        """(block_m, block_n, query parts, key parts): the integers ``from_tensors`` needs."""
+        return self.block_m, self.block_n, self.query_work.num_parts, self.key_work.num_parts
+
+    @staticmethod
+    def from_tensors(tensors: Sequence[torch.Tensor], sizes: Sequence[int], num_nodes: int) -> "TilePlan":
+        """The plan of ``tensors()`` and ``sizes()`` (no copies)."""
+        (slot_node, tile_start, tile_types, query_items, query_index, query_split,
+         window_start, window_types, key_items, key_index, key_split) = tensors
+        block_m, block_n, query_parts, key_parts = sizes
+        return TilePlan(block_m, block_n, num_nodes, slot_node, tile_start, tile_types,
+                        WorkItems(query_items, query_parts, query_index, query_split),
+                        window_start, window_types,
+                        WorkItems(key_items, key_parts, key_index, key_split))
+
     @property
     def num_tiles(self) -> int:
         return self.tile_start.numel()
@@ -69,6 +91,10 @@ class TilePlan:
     @property
     def num_windows(self) -> int:
         return self.window_start.numel()
+
+
+def _work_tensors(work: WorkItems) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return work.items, work.part_index, work.split_blocks
 
 
 def query_order(graph: AttentionGraph, block_m: int) -> torch.Tensor:

@@ -125,7 +125,7 @@ def signature(kernel, dtype: str, constants: dict) -> dict:
     for name in kernel.arg_names:
         if name in constants:
             types[name] = "constexpr"
-        elif name in ("q_ptr", "k_ptr", "v_ptr", "out_ptr", "grad_out_ptr"):
+        elif name in ("q_ptr", "k_ptr", "v_ptr", "out_ptr", "grad_out_ptr", "grad_k_ptr", "grad_v_ptr"):
             types[name] = f"*{element}"
         elif name.endswith("types_ptr"):
             types[name] = "*i16"
@@ -133,6 +133,8 @@ def signature(kernel, dtype: str, constants: dict) -> dict:
             types[name] = "*i32"
         elif name == "pad_ptr":
             types[name] = "*u8"
+        elif name == "seed_ptr":
+            types[name] = "*i64"
         elif name.endswith("_ptr"):
             types[name] = "*fp32"
         else:

@@ -2,8 +2,12 @@
 
 Forward: one program per (query block or part of it, sentence x head) walks the block's key
 tiles (``tile_plan``) with an online softmax in fp32 and saves the log-sum-exp. Backward,
-FA2 style: Delta = rowsum(dO * O); dQ per query block; dK/dV per aligned key block over the
-windows of query slots that read it. Parts of split blocks are merged here, in a fixed order.
+FA2 style: dQ per query block (its kernel also writes Delta = rowsum(dO * O)); dK/dV, in the
+input dtype, per aligned key block over the windows of query slots that read it. Parts of
+split blocks are merged here, in a fixed order.
+Forward and backward are ``torch.library`` ops over the plan's tensors (``forward_op``,
+``backward_op``) with fake implementations, so ``torch.compile`` traces them; the dropout
+seed is a tensor on the query's device (``draw_seed``), never read on the host.
 
 The relative-key term is a gathered fp32 table scale * q . rel_key[t] ([BH, N, T], one GEMM);
 its gradient, summed per (row, type) in the dQ kernel, becomes d rel_key and the rest of dQ
@@ -21,13 +25,13 @@ run under ``TRITON_INTERPRET=1`` (the tests).
 import contextlib
 import os
 from dataclasses import dataclass
-from typing import Dict, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
-from torch.autograd.function import once_differentiable
+from torch import Tensor
 
 from fairseq_plugins.graph_attention import triton_kernels  # ImportError without Triton
-from fairseq_plugins.graph_attention.precision import backward_without_autocast
+from fairseq_plugins.graph_attention.precision import autocast_off
 from fairseq_plugins.graph_attention.registry import register_backend
 from fairseq_plugins.graph_attention.tile_plan import TilePlan, merge_forward, merge_sum, plan_on
 from fairseq_plugins.graphs.attention_graph import AttentionGraph
@@ -150,91 +154,147 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
-def _scalars(rel_table, pad, lse, num_nodes, heads, batch_heads, scale, seed, dropout_p):
+def _scalars(rel_table, pad, lse, seed, num_nodes, heads, batch_heads, scale, dropout_p):
     """The trailing kernel arguments shared by the three kernels (without relative keys,
     the table's pointer is lse, never read)."""
-    num_types = 1 if rel_table is None else rel_table.size(-1)
-    return (lse if rel_table is None else rel_table, pad, num_nodes, num_types, heads,
-            batch_heads, float(scale), seed, int(round(dropout_p * 2**24)),
-            1.0 / (1.0 - dropout_p), int(rel_table is not None))
+    has_rel = rel_table.numel() > 0
+    num_types = rel_table.size(-1) if has_rel else 1
+    return (rel_table if has_rel else lse, pad, num_nodes, num_types, heads, batch_heads,
+            float(scale), seed, int(round(dropout_p * 2**24)), 1.0 / (1.0 - dropout_p),
+            int(has_rel))
 
 
-class TritonGraphAttention(torch.autograd.Function):
-    """Forward and FA2-style backward through the kernels of ``triton_kernels``."""
+# The kernels as torch.library ops on tensors (the plan's tensors, the padding mask, the
+# dropout seed) and scalars, with fake implementations and registered autograd:
+# torch.compile traces them without a graph break. ``attention_forward`` and
+# ``attention_backward`` are their implementations (what a glue count steps into).
 
-    @staticmethod
-    def forward(ctx, query, key, value, rel_key, key_padding_mask, plan: TilePlan, scale,
-                dropout_p):
-        bsz, heads, num_nodes, dim = query.shape
-        bh = bsz * heads
-        q, k, v = (_aligned(x.reshape(bh, num_nodes, dim)) for x in (query, key, value))
-        device = q.device
-        rel_table = None
+def attention_forward(q: Tensor, k: Tensor, v: Tensor, rel_key: Optional[Tensor], pad: Tensor,
+               plan: List[Tensor], plan_sizes: List[int], heads: int, scale: float,
+               dropout_p: float, seed: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """q, k, v: [BH, N, D]; pad: uint8 [B, N] (1 = absent); plan: ``TilePlan.tensors()``,
+    plan_sizes: ``TilePlan.sizes()``; seed: int64 scalar on the device. Returns (out
+    [BH, N, D], lse fp32 [BH, N], the fp32 table scale * q . rel_key [BH, N, T], [0]
+    without relative keys)."""
+    with autocast_off(q.device):
+        bh, num_nodes, dim = q.shape
+        q, k, v, pad, seed = (_aligned(x) for x in (q, k, v, pad, seed))
+        tiles = TilePlan.from_tensors(plan, plan_sizes, num_nodes)
+        rel_table = q.new_empty(0, dtype=torch.float32)
         if rel_key is not None:  # scale * q . rel_key[t] for every row and type
             rel_table = _aligned((q.float() @ rel_key.float().t()).mul_(scale))
-        if key_padding_mask is None:  # one binary for both: a mask with every key present
-            pad = torch.zeros(bsz, num_nodes, device=device, dtype=torch.uint8)
-        else:
-            pad = _aligned(key_padding_mask.to(device=device, dtype=torch.uint8))
-        # the dropout seed comes from torch's generator: torch.manual_seed reproduces it
-        seed = int(torch.randint(0, 2**31 - 1, ()).item()) if dropout_p > 0 else 0
         out = torch.empty_like(q)
-        lse = torch.empty(bh, num_nodes, device=device)
-        work = plan.query_work
-        part_out = torch.empty(work.num_parts, bh, plan.block_m, dim, device=device)
-        part_lse = torch.empty(work.num_parts, bh, plan.block_m, device=device)
-        scalars = _scalars(rel_table, pad, lse, num_nodes, heads, bh, scale, seed, dropout_p)
+        lse = torch.empty(bh, num_nodes, device=q.device)
+        work = tiles.query_work
+        part_out = torch.empty(work.num_parts, bh, tiles.block_m, dim, device=q.device)
+        part_lse = torch.empty(work.num_parts, bh, tiles.block_m, device=q.device)
+        scalars = _scalars(rel_table, pad, lse, seed, num_nodes, heads, bh, scale, dropout_p)
         _launch("forward", (work.items.size(0), bh), q.dtype, dim, dropout_p > 0,
-                q, k, v, out, lse, part_out, part_lse, plan.slot_node, work.items,
-                plan.tile_start, plan.tile_types, *scalars)
-        merge_forward(out, lse, part_out, part_lse, plan)
-        ctx.save_for_backward(q, k, v, out, lse, rel_key, rel_table, pad)
-        ctx.plan, ctx.scale, ctx.dropout_p, ctx.seed = plan, scale, dropout_p, seed
-        ctx.shape = query.shape
-        return out.view(query.shape)
+                q, k, v, out, lse, part_out, part_lse, tiles.slot_node, work.items,
+                tiles.tile_start, tiles.tile_types, *scalars)
+        merge_forward(out, lse, part_out, part_lse, tiles)
+        return out, lse, rel_table
 
-    @staticmethod
-    @backward_without_autocast
-    @once_differentiable
-    def backward(ctx, grad_out):
-        q, k, v, out, lse, rel_key, rel_table, pad = ctx.saved_tensors
-        plan = ctx.plan
-        bsz, heads, num_nodes, dim = ctx.shape
-        bh, device = bsz * heads, q.device
-        grad_out = _aligned(grad_out.reshape(bh, num_nodes, dim))
-        delta = (grad_out.float() * out.float()).sum(-1)
-        scalars = _scalars(rel_table, pad, lse, num_nodes, heads, bh, ctx.scale, ctx.seed,
-                           ctx.dropout_p)
 
-        work = plan.query_work
+forward_op = torch.library.custom_op("fairseq_plugins::triton_graph_attention", mutates_args=())(
+    attention_forward)
+
+
+@forward_op.register_fake
+def _forward_fake(q, k, v, rel_key, pad, plan, plan_sizes, heads, scale, dropout_p, seed):
+    bh, num_nodes, _ = q.shape
+    table = (0,) if rel_key is None else (bh, num_nodes, rel_key.size(0))
+    return (q.new_empty(q.shape), q.new_empty((bh, num_nodes), dtype=torch.float32),
+            q.new_empty(table, dtype=torch.float32))
+
+
+def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                rel_key: Optional[Tensor], rel_table: Tensor, pad: Tensor, plan: List[Tensor],
+                plan_sizes: List[int], heads: int, scale: float, dropout_p: float,
+                seed: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(d q, d k, d v in q's dtype, d rel_key in its own dtype, [0] without), recomputed
+    from ``lse``, under the forward's dropout mask (the same seed tensor)."""
+    with autocast_off(q.device):
+        bh, num_nodes, dim = q.shape
+        device = q.device
+        grad_out, q, k, v, out, pad, seed = (_aligned(x) for x in (grad_out, q, k, v, out, pad, seed))
+        tiles = TilePlan.from_tensors(plan, plan_sizes, num_nodes)
+        delta = torch.empty(bh, num_nodes, device=device)  # rowsum(dO * O), by the dQ kernel
+        scalars = _scalars(rel_table, pad, lse, seed, num_nodes, heads, bh, scale, dropout_p)
+
+        work = tiles.query_work
         grad_q = torch.empty(bh, num_nodes, dim, device=device)
-        part_grad_q = torch.empty(work.num_parts, bh, plan.block_m, dim, device=device)
-        grad_rows = lse if rel_table is None else torch.zeros_like(rel_table)
-        _launch("backward_query", (work.items.size(0), bh), q.dtype, dim, ctx.dropout_p > 0,
-                q, k, v, grad_out, lse, delta, grad_q, part_grad_q, grad_rows, plan.slot_node,
-                work.items, plan.tile_start, plan.tile_types, *scalars)
-        merge_sum(grad_q, part_grad_q, plan, work, True)
+        part_grad_q = torch.empty(work.num_parts, bh, tiles.block_m, dim, device=device)
+        grad_rows = lse if rel_key is None else torch.zeros_like(rel_table)
+        _launch("backward_query", (work.items.size(0), bh), q.dtype, dim, dropout_p > 0,
+                q, k, v, out, grad_out, lse, delta, grad_q, part_grad_q, grad_rows, tiles.slot_node,
+                work.items, tiles.tile_start, tiles.tile_types, *scalars)
+        merge_sum(grad_q, part_grad_q, tiles, work, True)
 
-        work = plan.key_work
-        grad_k, grad_v = (torch.empty(bh, num_nodes, dim, device=device) for _ in range(2))
-        part_grad_k, part_grad_v = (torch.empty(work.num_parts, bh, plan.block_m, dim,
+        work = tiles.key_work
+        grad_k, grad_v = (torch.empty_like(q) for _ in range(2))  # written in q's dtype
+        part_grad_k, part_grad_v = (torch.empty(work.num_parts, bh, tiles.block_m, dim,
                                                 device=device) for _ in range(2))
-        _launch("backward_key", (work.items.size(0), bh), q.dtype, dim, ctx.dropout_p > 0,
+        _launch("backward_key", (work.items.size(0), bh), q.dtype, dim, dropout_p > 0,
                 q, k, v, grad_out, lse, delta, grad_k, grad_v, part_grad_k, part_grad_v,
-                plan.slot_node, plan.slot_node.numel(), work.items, plan.window_start,
-                plan.window_types, *scalars)
-        merge_sum(grad_k, part_grad_k, plan, work, False)
-        merge_sum(grad_v, part_grad_v, plan, work, False)
+                tiles.slot_node, tiles.slot_node.numel(), work.items, tiles.window_start,
+                tiles.window_types, *scalars)
+        merge_sum(grad_k, part_grad_k, tiles, work, False)
+        merge_sum(grad_v, part_grad_v, tiles, work, False)
 
-        grad_rel = None
-        if rel_table is not None:  # d(score) summed per (row, type): the relative-key terms
-            grad_rows.mul_(ctx.scale)
+        grad_rel = q.new_empty(0)
+        if rel_key is not None:  # d(score) summed per (row, type): the relative-key terms
+            grad_rows.mul_(scale)
             grad_q += grad_rows @ rel_key.float()
             grad_rel = (grad_rows.reshape(-1, grad_rows.size(-1)).t()
                         @ q.reshape(-1, dim).float()).to(rel_key.dtype)
-        shape, dtype = ctx.shape, q.dtype
-        return (grad_q.to(dtype).view(shape), grad_k.to(dtype).view(shape),
-                grad_v.to(dtype).view(shape), grad_rel, None, None, None, None)
+        return grad_q.to(q.dtype), grad_k, grad_v, grad_rel
+
+
+backward_op = torch.library.custom_op("fairseq_plugins::triton_graph_attention_backward", mutates_args=())(
+    attention_backward)
+
+
+@backward_op.register_fake
+def _backward_fake(grad_out, q, k, v, out, lse, rel_key, rel_table, pad, plan, plan_sizes, heads,
+                   scale, dropout_p, seed):
+    grad_rel = q.new_empty(0) if rel_key is None else rel_key.new_empty(rel_key.shape)
+    return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape), grad_rel
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, rel_key, pad, plan, plan_sizes, heads, scale, dropout_p, seed = inputs
+    out, lse, rel_table = output
+    ctx.save_for_backward(q, k, v, out, lse, rel_key, rel_table, pad, seed, *plan)
+    ctx.scalars = (plan_sizes, heads, scale, dropout_p)
+    ctx.set_materialize_grads(False)  # lse and the table get no gradient: no zeros to fill
+
+
+def _backward(ctx, grad_out, grad_lse, grad_table):
+    q, k, v, out, lse, rel_key, rel_table, pad, seed, *plan = ctx.saved_tensors
+    plan_sizes, heads, scale, dropout_p = ctx.scalars
+    if grad_out is None:  # the output does not reach the loss
+        grad_out = torch.zeros_like(out)
+    grad_q, grad_k, grad_v, grad_rel = backward_op(
+        grad_out, q, k, v, out, lse, rel_key, rel_table, pad, plan, plan_sizes, heads, scale,
+        dropout_p, seed)
+    # (the list of plan tensors gets a list of Nones: the inputs' structure)
+    return (grad_q, grad_k, grad_v, None if rel_key is None else grad_rel, None, [None] * len(plan),
+            None, None, None, None, None)
+
+
+torch.library.register_autograd("fairseq_plugins::triton_graph_attention", _backward,
+                                setup_context=_setup_context)
+
+
+def draw_seed(device: torch.device, dropout_p: float) -> torch.Tensor:
+    """The dropout seed, an int64 scalar drawn on ``device`` from torch's generator
+    (``torch.manual_seed`` reproduces it) with no host read: a captured CUDA graph draws a
+    new one on every replay, and the backward reads the saved tensor, hence the forward's
+    mask. Zero (never read) without dropout."""
+    if dropout_p > 0:
+        return torch.randint(0, 2**31 - 1, (), device=device)
+    return torch.zeros((), dtype=torch.int64, device=device)
 
 
 def triton_graph_attention(query, key, value, graph, rel_key=None, key_padding_mask=None,
@@ -250,8 +310,21 @@ def triton_graph_attention(query, key, value, graph, rel_key=None, key_padding_m
     if graph.num_edges == 0:  # no row has a key
         return torch.zeros_like(query)
     plan = plan_on(graph, *tiles(query.dtype, query.size(-1)), query.device)
-    return TritonGraphAttention.apply(query, key, value, rel_key, key_padding_mask, plan,
-                                      float(scale), float(dropout_p))
+    return attend(query, key, value, plan, rel_key, key_padding_mask, float(scale), float(dropout_p))
+
+
+def attend(query, key, value, plan: TilePlan, rel_key, key_padding_mask, scale: float,
+           dropout_p: float) -> torch.Tensor:
+    """The op over ``plan`` (which the tests build with other work splits)."""
+    bsz, heads, num_nodes, dim = query.shape
+    q, k, v = (x.reshape(bsz * heads, num_nodes, dim) for x in (query, key, value))
+    if key_padding_mask is None:  # one binary for both: a mask with every key present
+        pad = torch.zeros(bsz, num_nodes, device=query.device, dtype=torch.uint8)
+    else:
+        pad = key_padding_mask.to(device=query.device, dtype=torch.uint8)
+    out, _, _ = forward_op(q, k, v, rel_key, pad, list(plan.tensors()), list(plan.sizes()), heads,
+                           scale, dropout_p, draw_seed(query.device, dropout_p))
+    return out.view(query.shape)
 
 
 def prepare(query: torch.Tensor, graph: AttentionGraph) -> None:

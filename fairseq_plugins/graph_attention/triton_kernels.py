@@ -13,7 +13,8 @@ Every kernel runs one (work item, batch x head) per program. Scores and softmax 
 are fp32; every product has the input precision ``PRECISION`` (tf32x3 for fp32 operands);
 ``UPCAST`` casts the loaded operands to fp32 (the interpreter's bf16 ``tl.dot`` is wrong,
 Triton issue 11584). Dropout keeps an edge when a hash of (seed, batch x head, query
-node, key node) passes a threshold, so the backward regenerates the same mask in any order.
+node, key node) passes a threshold, so the backward regenerates the same mask in any order;
+the seed is a device tensor (``seed_ptr``), drawn on the device by the caller.
 """
 
 import triton
@@ -24,8 +25,8 @@ import triton.language as tl
 # runtime flag (it masks the gather and the atomics; a branch would cost registers), padding
 # is always read (an all-present mask without one); only dropout is a constexpr (a branch
 # around the hash costs about 40 registers), so each configuration has two binaries.
-SCALARS = ["num_nodes", "num_types", "heads", "num_batch_heads", "scale", "seed",
-           "dropout_threshold", "dropout_scale", "has_rel"]
+SCALARS = ["num_nodes", "num_types", "heads", "num_batch_heads", "scale", "dropout_threshold",
+           "dropout_scale", "has_rel"]
 
 
 @triton.jit
@@ -39,9 +40,10 @@ def _mix32(x):
 
 
 @triton.jit
-def _keep(seed, bh, query_node, key_node, num_nodes, threshold):
-    """Dropout keep bits of the (query_node, key_node) pairs (broadcast shapes)."""
-    stream = _mix32(seed.to(tl.uint32) ^ (bh.to(tl.uint32) * 0x9E3779B9))
+def _keep(seed_ptr, bh, query_node, key_node, num_nodes, threshold):
+    """Dropout keep bits of the (query_node, key_node) pairs (broadcast shapes); the seed is
+    read from device memory, so that a captured CUDA graph draws a new one on each replay."""
+    stream = _mix32(tl.load(seed_ptr).to(tl.uint32) ^ (bh.to(tl.uint32) * 0x9E3779B9))
     counter = query_node.to(tl.uint32) * num_nodes.to(tl.uint32) + key_node.to(tl.uint32)
     return (_mix32(counter ^ stream) >> 8).to(tl.int32) >= threshold
 
@@ -122,7 +124,7 @@ def _item(items_ptr):
 def forward_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr,
     slot_node_ptr, items_ptr, tile_start_ptr, tile_types_ptr, rel_ptr, pad_ptr,
-    num_nodes, num_types, heads, num_batch_heads, scale, seed, dropout_threshold, dropout_scale,
+    num_nodes, num_types, heads, num_batch_heads, scale, seed_ptr, dropout_threshold, dropout_scale,
     has_rel, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr, DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
 ):
@@ -151,7 +153,7 @@ def forward_kernel(
         alpha = tl.exp(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
         if DROPOUT:
-            keep = _keep(seed, bh, query_node[:, None], key_node[None, :], num_nodes,
+            keep = _keep(seed_ptr, bh, query_node[:, None], key_node[None, :], num_nodes,
                          dropout_threshold)
             p = tl.where(keep, p * dropout_scale, 0.0)
         v = _load_rows(v_ptr + matrix, key_node, key_node < num_nodes, D, UPCAST)
@@ -175,14 +177,16 @@ def forward_kernel(
 
 @triton.jit(do_not_specialize=SCALARS)
 def backward_query_kernel(
-    q_ptr, k_ptr, v_ptr, grad_out_ptr, lse_ptr, delta_ptr, grad_q_ptr, part_grad_q_ptr,
+    q_ptr, k_ptr, v_ptr, out_ptr, grad_out_ptr, lse_ptr, delta_ptr, grad_q_ptr, part_grad_q_ptr,
     grad_rel_ptr, slot_node_ptr, items_ptr, tile_start_ptr, tile_types_ptr, rel_ptr, pad_ptr,
-    num_nodes, num_types, heads, num_batch_heads, scale, seed, dropout_threshold, dropout_scale,
+    num_nodes, num_types, heads, num_batch_heads, scale, seed_ptr, dropout_threshold, dropout_scale,
     has_rel, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr, DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """dQ (fp32, without the relative-key term) of one query block or part; with has_rel,
-    d(score) summed per (row, edge type) into grad_rel [BH, N, T] (atomics)."""
+    d(score) summed per (row, edge type) into grad_rel [BH, N, T] (atomics). Also writes
+    Delta = rowsum(dO * O) of the block's rows, which the key kernel reads (every part of a
+    split block writes the same values)."""
     block, first_tile, end_tile, part = _item(items_ptr)
     bh = tl.program_id(1)
     matrix = bh.to(tl.int64) * num_nodes * D
@@ -192,7 +196,9 @@ def backward_query_kernel(
     q = _load_rows(q_ptr + matrix, query_node, row_present, D, UPCAST)
     grad_out = _load_rows(grad_out_ptr + matrix, query_node, row_present, D, UPCAST)
     lse = tl.load(lse_ptr + vector + query_node, mask=row_present, other=float("inf"))
-    delta = tl.load(delta_ptr + vector + query_node, mask=row_present, other=0.0)
+    out = _load_rows(out_ptr + matrix, query_node, row_present, D, UPCAST)
+    delta = tl.sum(grad_out.to(tl.float32) * out.to(tl.float32), 1)
+    tl.store(delta_ptr + vector + query_node, delta, mask=row_present)
     rel_base = rel_ptr + vector * num_types
     grad_rel_base = grad_rel_ptr + vector * num_types
 
@@ -208,7 +214,7 @@ def backward_query_kernel(
         p = tl.exp(s - lse[:, None])
         grad_p = tl.dot(grad_out, tl.trans(v), input_precision=PRECISION)
         if DROPOUT:
-            keep = _keep(seed, bh, query_node[:, None], key_node[None, :], num_nodes,
+            keep = _keep(seed_ptr, bh, query_node[:, None], key_node[None, :], num_nodes,
                          dropout_threshold)
             grad_p = tl.where(keep, grad_p * dropout_scale, 0.0)
         grad_s = p * (grad_p - delta[:, None])
@@ -231,12 +237,13 @@ def backward_key_kernel(
     q_ptr, k_ptr, v_ptr, grad_out_ptr, lse_ptr, delta_ptr, grad_k_ptr, grad_v_ptr,
     part_grad_k_ptr, part_grad_v_ptr, slot_node_ptr, num_slots, items_ptr, window_start_ptr,
     window_types_ptr, rel_ptr, pad_ptr,
-    num_nodes, num_types, heads, num_batch_heads, scale, seed, dropout_threshold, dropout_scale,
+    num_nodes, num_types, heads, num_batch_heads, scale, seed_ptr, dropout_threshold, dropout_scale,
     has_rel, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr, DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """dK, dV (fp32) of one aligned block of BLOCK_N key nodes (or a part of its windows of
-    BLOCK_M query slots): the transposed tiles, so that every product has BLOCK_N rows."""
+    """dK, dV of one aligned block of BLOCK_N key nodes (or a part of its windows of BLOCK_M
+    query slots): the transposed tiles, so that every product has BLOCK_N rows. Written in
+    the input dtype (a part of a split block in fp32, summed before the cast)."""
     block, first_window, end_window, part = _item(items_ptr)
     bh = tl.program_id(1)
     matrix = bh.to(tl.int64) * num_nodes * D
@@ -271,7 +278,7 @@ def backward_key_kernel(
         grad_p = tl.dot(v, tl.trans(grad_out), input_precision=PRECISION)
         p_dropped = p
         if DROPOUT:
-            keep = _keep(seed, bh, query_node[None, :], key_node[:, None], num_nodes,
+            keep = _keep(seed_ptr, bh, query_node[None, :], key_node[:, None], num_nodes,
                          dropout_threshold)
             p_dropped = tl.where(keep, p * dropout_scale, 0.0)
             grad_p = tl.where(keep, grad_p * dropout_scale, 0.0)
@@ -283,8 +290,10 @@ def backward_key_kernel(
     d = tl.arange(0, D)
     if part < 0:
         offset = matrix + key_node[:, None] * D + d[None, :]
-        tl.store(grad_k_ptr + offset, grad_k, mask=key_exists[:, None])
-        tl.store(grad_v_ptr + offset, grad_v, mask=key_exists[:, None])
+        tl.store(grad_k_ptr + offset, grad_k.to(grad_k_ptr.dtype.element_ty),
+                 mask=key_exists[:, None])
+        tl.store(grad_v_ptr + offset, grad_v.to(grad_v_ptr.dtype.element_ty),
+                 mask=key_exists[:, None])
     else:
         offset = (part.to(tl.int64) * num_batch_heads + bh) * BLOCK_N * D
         offset += keys[:, None] * D + d[None, :]
