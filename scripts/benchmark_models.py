@@ -31,10 +31,10 @@ import argparse
 import json
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -195,13 +195,13 @@ def fairseq_train_wps(data: Path, entry: dict, cfg: dict, size: str, args, save_
 def fairseq_train_speeds(data: Path, entries: List[dict], cfg: dict, size: str, args) -> dict:
     """Words per second of every model's fairseq-train, ``--rounds`` rounds, models alternating."""
     wps = {e["arch"]: [] for e in entries}
-    save_dir = args.out.parent / f"{args.out.name}-runs"
-    for rnd in range(args.rounds):
-        for entry in entries:
-            wps[entry["arch"]].append(fairseq_train_wps(data, entry, cfg, size, args, save_dir / entry["arch"]))
-            print(f"fairseq-train round {rnd + 1}/{args.rounds}, {entry['arch']}: "
-                  f"{wps[entry['arch']][-1]:.0f} words/s", file=sys.stderr, flush=True)
-    shutil.rmtree(save_dir, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix="benchmark_models-") as save_dir:  # --no-save: stays empty
+        for rnd in range(args.rounds):
+            for entry in entries:
+                speed = fairseq_train_wps(data, entry, cfg, size, args, Path(save_dir) / entry["arch"])
+                wps[entry["arch"]].append(speed)
+                print(f"fairseq-train round {rnd + 1}/{args.rounds}, {entry['arch']}: {speed:.0f} words/s",
+                      file=sys.stderr, flush=True)
     out = {}
     for name, speeds in wps.items():
         ratios = [b / s for s, b in zip(speeds, wps[BASELINE])]  # time per update, per round
