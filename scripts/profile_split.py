@@ -16,12 +16,22 @@ The loss and the output layer are the same computation in every model, yet a sin
 profiled update of them varies by up to 2x (they are memory-bound over the B x T x vocabulary
 logits, whose pages are fresh from the allocator every update): take the median of a few
 rounds, and read the models' differences on the ``model body`` line, which leaves them out.
+
+The floor (``span_floor``): BPT's and SegTree's design runs every side's span nodes (a
+sentence of n tokens has ``sum(tree_level_sizes(n)) - n`` of them, about n - 1) through every
+layer's q/k/v projections, and, but for the last layer, whose span rows nobody reads, through
+the output projection and the FFN: about twice the transformer's rows there. The floor is the
+transformer's profiled update plus those GEMMs' FLOPs (forward and backward, the batch's own
+sentence lengths, no padding) at the seconds per FLOP that the transformer's FFN ran at in the
+same profile. It leaves out what else the span rows cost (layer norms, dropout, residuals, the
+attention over more keys), so it is a lower bound: what a model runs above it is padding of
+span rows, graph and mask work, the attention core and those element-wise passes.
 """
 
 import re
 import statistics
 from collections import Counter
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
@@ -126,4 +136,51 @@ def split_table(split: Dict[str, Dict[str, float]], baseline: str = "transformer
         base = split[baseline].get(part, 0.0)
         cells = [f"{base:.3f}" if name == baseline else f"{split[name].get(part, 0.0) - base:+.3f}" for name in names]
         rows.append(f"| {part} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def _linear_flops(rows: int, d: int, f: int, layers: int, span_layers_full: int) -> float:
+    """Forward + backward FLOPs of ``rows`` span rows: q/k/v in every layer, out_proj and FFN in
+    ``span_layers_full`` of them."""
+    return 3 * 2 * rows * (layers * 3 * d * d + span_layers_full * (d * d + 2 * d * f))
+
+
+def span_floor(baseline_split: Dict[str, float], split: Dict[str, float], model, batch, pad) -> Optional[dict]:
+    """The span-row floor of a BPT/SegTree model (None for models without span nodes) and how far
+    ``split`` (the model's median profile) is above it; ``baseline_split``: the transformer's."""
+    from fairseq_plugins.graphs.binary_partition import tree_level_sizes
+    from fairseq_plugins.models.bpt_transformer import GraphTransformerDecoder, GraphTransformerEncoder
+
+    lengths = {"encoder": batch["src_lengths"].tolist(), "decoder": batch["target"].ne(pad).sum(1).tolist()}
+    padded = {"encoder": batch["src_tokens"].numel(), "decoder": batch["target"].numel()}
+    sides = {"encoder": (model.encoder, GraphTransformerEncoder), "decoder": (model.decoder, GraphTransformerDecoder)}
+    ffn_flops = extra = 0.0
+    for side, (module, graph_class) in sides.items():
+        layers = len(module.layers)
+        f, d = module.layers[0].fc1.weight.shape
+        ffn_flops += 3 * 2 * padded[side] * 2 * d * f * layers  # the transformer's FFN over padded tokens
+        if isinstance(module, graph_class):
+            span_rows = sum(sum(tree_level_sizes(n)) - n for n in lengths[side])
+            extra += _linear_flops(span_rows, d, f, layers, layers - 1)
+    if not extra:
+        return None
+    seconds = extra * baseline_split["ffn"] / ffn_flops
+    floor, body_floor = baseline_split["total"] + seconds, baseline_split["model body"] + seconds
+    return dict(span_seconds=seconds, floor=floor, floor_ratio=floor / baseline_split["total"],
+                measured_ratio=split["total"] / baseline_split["total"], above_floor=split["total"] / floor,
+                body_above_floor_seconds=split["model body"] - body_floor)
+
+
+def floor_table(floors: Dict[str, Optional[dict]], baseline: str = "transformer") -> str:
+    """Markdown: each span-node model's floor and its distance from it."""
+    rows = ["| model | span rows' projections + FFN (s, estimate) | floor x transformer | profiled x transformer "
+            "| x floor | model body above the floor (s) |", "|---|---:|---:|---:|---:|---:|"]
+    for name, f in floors.items():
+        if name == baseline:
+            continue
+        if f is None:
+            rows.append(f"| {name} | no span nodes | - | - | - | - |")
+            continue
+        rows.append(f"| {name} | {f['span_seconds']:.3f} | {f['floor_ratio']:.2f}x | {f['measured_ratio']:.2f}x | "
+                    f"{f['above_floor']:.2f}x | {f['body_above_floor_seconds']:+.3f} |")
     return "\n".join(rows)

@@ -167,3 +167,42 @@ def test_graph_k_past_the_longest_sequence_is_refused_with_the_bound_and_its_cos
     assert "--graph-k 5000 is beyond what can help: at k = 63" in message and "dense attention" in message
     assert f"({at_bound:,} at k 63, {at_4:,} at the paper's k 4)" in message  # the real models' tables
     assert "1,920,576 parameters here" in message  # (1 + 2 * 5001 * 3 + 2) types x 16 per head x 4 layers
+
+
+@pytest.mark.parametrize("cross_from", ["tokens", "nodes"])
+def test_decoder_layer_cross_attention_rows_match_a_reference(tmp_path, cross_from):
+    """The decoder layer's encoder attention from the first ``num_tokens`` nodes (span nodes pass it
+    unchanged), against the layer's sublayers composed by hand: outputs and every gradient
+    bitwise equal in float64."""
+    from fairseq_plugins.graphs.binary_partition import node_present
+
+    task, model = build(tmp_path, "bpt_transformer", ["--graph-cross-attention", cross_from])
+    layer, spec = model.decoder.layers[0], model.decoder._spec
+    length, bsz, dim = 5, 3, layer.embed_dim
+    graph = spec.build(length)
+    absent = ~node_present(torch.tensor([5, 2, 4]), length)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(graph.num_nodes, bsz, dim, generator=gen, dtype=torch.float64)
+    enc = torch.randn(4, bsz, dim, generator=gen, dtype=torch.float64)
+    enc_mask = torch.tensor([[False] * 4, [False, False, True, True], [False] * 4])
+    grad = torch.randn(graph.num_nodes, bsz, dim, generator=gen, dtype=torch.float64)
+
+    def reference(x, enc):
+        h = layer.self_attn(x, graph, absent)
+        x = layer.self_attn_layer_norm(x + h)  # post-norm, dropout 0
+        rows = length if cross_from == "tokens" else x.size(0)
+        c, _ = layer.encoder_attn(query=x[:rows], key=enc, value=enc, key_padding_mask=enc_mask, static_kv=True,
+                                  need_weights=False)
+        x = torch.cat([layer.encoder_attn_layer_norm(x[:rows] + c), x[rows:]])
+        return layer.final_layer_norm(x + layer.fc2(layer.activation_fn(layer.fc1(x))))
+
+    grads = []
+    for forward in (lambda x, enc: layer(x, enc, enc_mask, graph=graph, self_attn_padding_mask=absent,
+                                         num_tokens=length)[0], reference):
+        layer.zero_grad()
+        xs, encs = x.clone().requires_grad_(), enc.clone().requires_grad_()
+        out = forward(xs, encs)
+        out.backward(grad)
+        grads.append([out.detach(), xs.grad, encs.grad] + [p.grad.clone() for p in layer.parameters()])
+    for ours, theirs in zip(*grads):
+        assert torch.equal(ours, theirs)

@@ -89,13 +89,25 @@ def test_triton_work_model_tiny(tmp_path):
 
 @pytest.mark.slow
 def test_benchmark_models_tiny(tmp_path):
+    """As users train: a joint BPE data-bin, shared embeddings, fairseq-train's own words per second."""
     out = tmp_path / "models"
-    proc = run_script("benchmark_models", "--raw-dir", MULTI30K, "--sizes", "tiny", "--models", "transformer", "bpt",
-                      "--updates", "1", "--threads", "1", "--profile-split", "--split-rounds", "1",
-                      "--out", out)  # fmt: skip
-    results = json.loads(out.with_suffix(".json").read_text())["runs"]["tiny"]["results"]
-    assert set(results) == {"transformer", "bpt"} and results["transformer"]["time_ratio"] == 1.0
+    proc = run_script("benchmark_models", "--raw-dir", MULTI30K, "--data-dir", tmp_path / "data", "--sizes", "tiny",
+                      "--bpe-merges", "200", "--train-sentences", "300", "--models", "transformer", "bpt_transformer",
+                      "--updates", "1", "--rounds", "1", "--train-updates", "4", "--log-interval", "2",
+                      "--threads", "1", "--profile-split", "--split-rounds", "1", "--out", out)  # fmt: skip
+    run = json.loads(out.with_suffix(".json").read_text())["runs"]["tiny"]
+    results, trained = run["results"], run["fairseq_train"]
+    assert set(results) == set(trained) == {"transformer", "bpt_transformer"}
+    assert results["transformer"]["time_ratio"] == trained["transformer"]["time_ratio"] == 1.0
+    assert all(t["words_per_second"] > 0 for t in trained.values())
+    # one joined dictionary: the shared embeddings are one matrix, so BPT adds only its own weights
+    dictionary = (tmp_path / "data" / "dict.en.txt").read_text()
+    assert dictionary == (tmp_path / "data" / "dict.de.txt").read_text()
+    assert run["meta"]["dictionary"] == len(dictionary.splitlines()) + 4
     split = proc.stdout[proc.stdout.index("| part |"):]
     assert "| projections |" in split and "| model body |" in split
     # BPT's attention core: the C++ kernel where it built, else the torch backend's gather
     assert "| graph attention kernel |" in split or "| relative keys (gather) |" in split
+    floor = run["floors"]["bpt_transformer"]
+    assert run["floors"]["transformer"] is None and floor["floor_ratio"] > 1.0
+    assert f"| bpt_transformer | {floor['span_seconds']:.3f} | {floor['floor_ratio']:.2f}x |" in proc.stdout

@@ -121,9 +121,12 @@ class GraphDecoderLayer(TransformerDecoderLayerBase):
                 rows = min(rows, num_tokens)
             if encoder_padding_mask is not None and encoder_padding_mask.dim() == 3:
                 encoder_padding_mask = encoder_padding_mask[:, :rows]  # a per-query mask (bpt_document)
-            attended, attn = self._cross_attention(x[:rows], encoder_out, encoder_padding_mask,
+            # split, not two slices: the backward then concatenates the two gradients instead of
+            # zero-filling and adding two full-size buffers
+            queries, spans = x.split([rows, x.size(0) - rows])
+            attended, attn = self._cross_attention(queries, encoder_out, encoder_padding_mask,
                                                    incremental_state, need_attn, need_head_weights)
-            x = torch.cat([attended, x[rows:]]) if rows < x.size(0) else attended
+            x = torch.cat([attended, spans]) if spans.size(0) else attended
         x = _feed_forward(self, x, self.ffn_layernorm, self.w_resid)
         return x, attn, None
 
