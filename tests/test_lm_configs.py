@@ -46,3 +46,21 @@ def test_parse_eval_lm_output():
         evaluate_lm.parse("nothing")
     parsed = evaluate_lm.parse(out)
     assert parsed == {"loss_base2": 1.2345, "tokens": 5000, "tokens_per_second": 2500.0}
+
+
+def test_the_context_length_bounds_positions_or_its_absence_is_named():
+    from argparse import Namespace
+
+    from omegaconf import OmegaConf
+
+    from fairseq_plugins.models.model_options import lm_max_positions
+
+    args = Namespace(tokens_per_sample=512, max_target_positions=None)
+    lm_max_positions(args, "bpt_lm")
+    assert args.max_target_positions == 512
+    kept = Namespace(tokens_per_sample=512, max_target_positions=4096)
+    lm_max_positions(kept, "bpt_lm")
+    assert kept.max_target_positions == 4096
+    hydra_model = OmegaConf.create({"max_target_positions": None})  # a model section without the line
+    with pytest.raises(ValueError, match=r"bpt_lm needs the context length.*tokens_per_sample: \$\{task"):
+        lm_max_positions(hydra_model, "bpt_lm")

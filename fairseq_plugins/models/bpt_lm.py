@@ -16,7 +16,7 @@ from fairseq.models.transformer_lm import TransformerLanguageModel, TransformerL
 from fairseq_plugins.models.bpt_transformer import (
     GraphTransformerConfig, GraphTransformerDecoder, graph_defaults, validate_graph_options,
 )
-from fairseq_plugins.models.model_options import add_config_args, config_with_options
+from fairseq_plugins.models.model_options import add_config_args, config_with_options, lm_max_positions
 from fairseq_plugins.models.plugin_model import PluginModel
 
 # the graph options that mean something without an encoder
@@ -40,8 +40,7 @@ class BPTLanguageModel(PluginModel, TransformerLanguageModel):
         for option in ("character_embeddings", "adaptive_input"):
             if getattr(args, option, False):
                 raise ValueError(f"--{option.replace('_', '-')} is not supported by {cls.graph_kind}_lm")
-        if getattr(args, "max_target_positions", None) is None:
-            args.max_target_positions = args.tokens_per_sample
+        lm_max_positions(args, f"{cls.graph_kind}_lm")
         cfg = GraphTransformerConfig.from_namespace(args)
         cfg.graph_kind = cls.graph_kind
         validate_graph_options(cfg)

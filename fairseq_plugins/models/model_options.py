@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Iterable, List
 
 from fairseq.dataclass.utils import gen_parser_from_dataclass
+from fairseq.utils import safe_getattr
 from fairseq.models.transformer import TransformerConfig
 
 
@@ -86,6 +87,20 @@ def check_at_least(cfg, name: str, minimum: int) -> None:
     value = getattr(cfg, name)
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ValueError(f"{flag(name)} must be an integer >= {minimum}, got {value!r}")
+
+
+def lm_max_positions(args, model: str) -> None:
+    """Bound a language model's positions by ``--tokens-per-sample`` as ``transformer_lm`` does.
+    fairseq's own LM config reads it from the task by interpolation; these models are
+    registered with ``add_args``, so under fairseq-hydra-train the model section must say so."""
+    if safe_getattr(args, "max_target_positions", None) is not None:
+        return
+    tokens_per_sample = safe_getattr(args, "tokens_per_sample", None)
+    if tokens_per_sample is None:
+        raise ValueError(f"{model} needs the context length: under fairseq-hydra-train put "
+                         "`tokens_per_sample: ${task.tokens_per_sample}` in the model section "
+                         "(configs/hydra/*_lm.yaml do)")
+    args.max_target_positions = tokens_per_sample
 
 
 def config_with_options(name: str, base, source, names: Iterable[str], module: str):

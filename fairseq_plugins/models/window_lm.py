@@ -18,7 +18,7 @@ from fairseq.models.transformer_lm import TransformerLanguageModel, TransformerL
 from fairseq.utils import safe_getattr
 from torch import Tensor
 
-from fairseq_plugins.models.model_options import add_config_args, check_at_least
+from fairseq_plugins.models.model_options import add_config_args, check_at_least, lm_max_positions
 from fairseq_plugins.models.plugin_model import PluginModel
 
 
@@ -72,8 +72,7 @@ class WindowLanguageModel(PluginModel, TransformerLanguageModel):
         check_at_least(args, "attention_window", 1)
         if getattr(args, "character_embeddings", False) or getattr(args, "adaptive_input", False):
             raise ValueError("window_lm takes plain token embeddings (no --character-embeddings/--adaptive-input)")
-        if getattr(args, "max_target_positions", None) is None:
-            args.max_target_positions = args.tokens_per_sample
+        lm_max_positions(args, "window_lm")
         embed_tokens = cls.build_embedding(args, task.source_dictionary, args.decoder_input_dim)
         return cls(WindowTransformerDecoder(args, task.target_dictionary, embed_tokens, args.attention_window))
 
