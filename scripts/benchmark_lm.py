@@ -20,12 +20,14 @@ Estimates of where the rest of BPT's time goes are not made here: ``scripts/benc
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import List
 
 import torch
 
@@ -128,28 +130,44 @@ def sampling_seconds_per_token(args):
     return out
 
 
-def make_table(result, args) -> str:
+def train_table(train, args) -> List[str]:
     base = "transformer_lm"
     lines = [f"Training update, {args.layers} layers, d {args.dim}, {args.heads} heads, {args.tokens} tokens per "
              f"batch, {args.threads} threads, median of {args.rounds} alternating rounds (graph attention backend "
              f"{args.backend}).", "",
              "| model | context | s / update | tokens / s | vs transformer_lm | time per token vs shortest context "
-             "| peak memory growth (MB) |", "|---|---:|---:|---:|---:|---:|---:|"]
-    for name, by_context in result["train"].items():
+             "| peak memory growth (MB) | vs transformer_lm |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, by_context in train.items():
         first = by_context[str(args.contexts[0])]["tokens_per_second"]
         for context in args.contexts:
-            r = by_context[str(context)]
-            ratio = r["tokens_per_second"] / result["train"][base][str(context)]["tokens_per_second"]
-            lines.append(f"| {name} | {context} | {r['seconds']:.3f} | {r['tokens_per_second']:.0f} | {ratio:.2f}x | "
-                         f"{first / r['tokens_per_second']:.2f} | {r['peak_mb']:.0f} |")
-    lines += ["", f"Sampling (incremental decoding, batch 1): ms per token over the {args.sample_steps} steps "
-                  "before each prefix length.", "",
-              "| model | " + " | ".join(map(str, sorted(args.prefixes))) + " |",
-              "|---|" + "---:|" * len(args.prefixes)]
-    for name, by_prefix in result["sampling"].items():
-        cells = [f"{1e3 * by_prefix[str(p)]:.2f}" for p in sorted(args.prefixes)]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+            r, b = by_context[str(context)], train[base][str(context)]
+            lines.append(f"| {name} | {context} | {r['seconds']:.3f} | {r['tokens_per_second']:.0f} | "
+                         f"{r['tokens_per_second'] / b['tokens_per_second']:.2f}x | "
+                         f"{first / r['tokens_per_second']:.2f} | {r['peak_mb']:.0f} | "
+                         f"{r['peak_mb'] / b['peak_mb']:.2f}x |")
+    return lines
+
+
+def sampling_table(sampling, args) -> List[str]:
+    prefixes = sorted(args.prefixes)
+    lines = [f"Sampling (incremental decoding, batch 1): ms per token, median over the {args.sample_steps} steps "
+             "before each prefix length, and the last prefix's time over the first's.", "",
+             "| model | " + " | ".join(map(str, prefixes)) + f" | {prefixes[-1]} / {prefixes[0]} |",
+             "|---|" + "---:|" * (len(prefixes) + 1)]
+    for name, by_prefix in sampling.items():
+        cells = [f"{1e3 * by_prefix[str(p)]:.2f}" for p in prefixes]
+        growth = by_prefix[str(prefixes[-1])] / by_prefix[str(prefixes[0])]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {growth:.2f} |")
+    return lines
+
+
+def make_table(result, args) -> str:
+    parts = []
+    if "train" in result:
+        parts.append(train_table(result["train"], args))
+    if "sampling" in result:
+        parts.append(sampling_table(result["sampling"], args))
+    return "\n\n".join("\n".join(lines) for lines in parts) + "\n"
 
 
 def main(argv=None):
@@ -163,9 +181,11 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--backend", default="auto", help="--graph-attention-backend of bpt_lm")
-    p.add_argument("--prefixes", type=int, nargs="+", default=[256, 1024, 4096])
+    p.add_argument("--prefixes", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096])
     p.add_argument("--sample-steps", type=int, default=16)
     p.add_argument("--no-memory", action="store_true", help="skip the per-process peak memory runs")
+    p.add_argument("--parts", nargs="+", choices=("train", "sampling"), default=["train", "sampling"],
+                   help="what to measure (default both)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/lm_benchmark"))
     p.add_argument("--memory-worker", nargs=2, metavar=("MODEL", "CONTEXT"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -175,15 +195,25 @@ def main(argv=None):
         return None
     if args.tokens < max(args.contexts):
         p.error("--tokens must hold at least one sequence of the longest context")
-    seconds = time_updates(args)
-    train = {name: {str(c): {"seconds": statistics.median(s[c]), "all_seconds": s[c],
-                             "tokens_per_second": (args.tokens // c) * c / statistics.median(s[c]),
-                             "peak_mb": float("nan") if args.no_memory else peak_growth(name, args, c)}
-                    for c in args.contexts} for name, s in seconds.items()}
-    sampling = {n: {str(m): v for m, v in by.items()} for n, by in sampling_seconds_per_token(args).items()}
     machine = machine_line().replace("scripts/benchmark_graph_attention.py", "-m scripts.benchmark_lm")
-    result = {"machine": machine, "args": vars(args) | {"out": str(args.out)}, "train": train,
-              "sampling": sampling}
+    result = {"machine": machine, "args": vars(args) | {"out": str(args.out)}}
+    load = [os.getloadavg()[0]]
+    if "train" in args.parts:
+        seconds = time_updates(args)
+        result["train"] = {name: {str(c): {
+            "seconds": statistics.median(s[c]), "all_seconds": s[c],
+            "tokens_per_second": (args.tokens // c) * c / statistics.median(s[c]),
+            "peak_mb": float("nan") if args.no_memory else peak_growth(name, args, c)}
+            for c in args.contexts} for name, s in seconds.items()}
+        load.append(os.getloadavg()[0])
+    if "sampling" in args.parts:
+        result["sampling"] = {n: {str(m): v for m, v in by.items()}
+                              for n, by in sampling_seconds_per_token(args).items()}
+        load.append(os.getloadavg()[0])
+    # the machine may be shared: its 1-minute load average at the start and after each part
+    result["load_average"] = load
+    loads = ", ".join(f"{x:.1f}" for x in load)
+    result["machine"] += f" Load average (1 min) at the start and after each part: {loads}."
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     table = make_table(result, args)

@@ -159,3 +159,14 @@ def test_bad_lengths_raise():
         node_present(torch.tensor([6]), 5)
     with pytest.raises(ValueError):
         TreeEdgeTypes(0, 2)
+
+
+@pytest.mark.parametrize("kind,k", [("bpt", 1), ("bpt", 2), ("bpt", 4), ("bpt", 64), ("segtree", 1)])
+def test_a_decoding_steps_token_context_is_the_graphs(kind, k):
+    """The plain-integer context of one token (decoding steps) is the tensor builders' context."""
+    from fairseq_plugins.graphs.binary_partition import TreeGraphSpec, causal_token_context
+
+    spec = TreeGraphSpec(kind, k, 3, causal=True)
+    for t in range(300):
+        expected = spec.token_contexts(torch.tensor([t]), t + 1)[1:].t().tolist()
+        assert sorted(map(list, causal_token_context(spec, t))) == sorted(expected), t

@@ -89,6 +89,25 @@ def test_a_tree_free_graph_any_head_dim_and_no_relative_keys_match(dim):
     assert_close(run("cpu", without_rel, graph, mask)[:4], expected[:4], 1e-10)
 
 
+def test_time_first_views_are_read_and_written_in_place():
+    """q, k, v as ``split_heads`` views of time-first [N, B, H * D] projections (a layer's
+    inputs): the kernel reads their memory, returns a view of a time-first output (so that
+    ``merge_heads`` is free) and gradients in that layout; results match the reference."""
+    graph = bpt_graph(100, 4)
+    tensors, mask = leaves(graph, [100, 37], torch.float64, 32, heads=3)
+    time_first = [t.permute(2, 0, 1, 3).contiguous() for t in tensors[:3]]  # [N, B, H, D]
+    views = [t.detach().requires_grad_() for t in time_first]
+    heads_views = [t.permute(1, 2, 0, 3) for t in views]  # [B, H, N, D], not contiguous
+    assert all(cpu_backend.node_major(h).data_ptr() == t.data_ptr() for h, t in zip(heads_views, views))
+    out = graph_attention(*heads_views, graph, tensors[3], mask, backend="cpu")
+    assert out.permute(2, 0, 1, 3).is_contiguous()
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    grads = torch.autograd.grad(out, views, grad.permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3))
+    assert all(g.is_contiguous() for g in grads)
+    expected = run("torch", tensors, graph, mask)
+    assert_close([out.detach(), *[g.permute(1, 2, 0, 3) for g in grads]], expected[:4], 1e-10)
+
+
 @pytest.mark.parametrize("name", ["bpt-k4-n1000", "random-tree-n40", "bpt-k2-causal-n100"])
 def test_float32_matches_the_float64_reference(name):
     build, lengths = GRAPHS[name]

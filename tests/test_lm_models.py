@@ -64,6 +64,32 @@ def test_incremental_equals_full(tmp_path, arch):
         torch.testing.assert_close(step[:, 0], full[:, t])
 
 
+def test_decoding_cache_grows_and_reorders_in_place(tmp_path):
+    """bpt_lm's key/value cache is written in place and doubles when full: across a growth, a
+    reorder right after it that duplicates a sentence (beam search), and identity reorders
+    (sampling) that copy nothing, every step equals the full computation."""
+    from fairseq_plugins.graphs.binary_partition import nodes_created
+    from fairseq_plugins.modules.bpt.graph_self_attention import INITIAL_CACHE_NODES
+
+    task, model = build(tmp_path, "bpt_lm", ARCHS["bpt_lm"])
+    text = random_text(task, 2, 64, 4)
+    full, _ = model(text)
+    attention = model.decoder.layers[-1].self_attn
+    growth = next(t for t in range(64) if nodes_created(t + 1) > INITIAL_CACHE_NODES)
+    state, rows, buffers = {}, [0, 1], []
+    for t in range(text.size(1)):
+        if t == growth + 1:
+            model.decoder.reorder_incremental_state_scripting(state, torch.tensor([1, 1]))
+            rows = [1, 1]
+        model.decoder.reorder_incremental_state_scripting(state, torch.arange(2))
+        step, _ = model.decoder(text[rows, :t + 1], incremental_state=state)
+        torch.testing.assert_close(step[:, 0], full[rows, t])
+        buffers.append(attention._get_input_buffer(state)["key_cache"])
+    assert buffers[growth - 1].size(2) == INITIAL_CACHE_NODES and buffers[-1].size(2) == 2 * INITIAL_CACHE_NODES
+    assert buffers[growth] is not buffers[growth - 1]  # grown
+    assert all(b is buffers[0] for b in buffers[:growth]) and buffers[-1] is buffers[growth + 1]  # in place
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_a_future_character_never_changes_the_past(tmp_path, arch):
     task, model = build(tmp_path, arch, ARCHS[arch])

@@ -16,6 +16,11 @@
 // order: the results do not depend on the number of threads. Dropout keeps an edge when a
 // hash of (seed, batch x head, query node, key node) is at least p: the backward regenerates
 // the forward's mask.
+//
+// Layout: q, k, v, the output and every gradient are node-major, [N, BH, D] contiguous, which
+// is fairseq's time-first [N, B, H * D] projection output as it is: the projections' outputs
+// are read, and the gradients written, in place (no per-head transposed copies); lse is
+// [BH, N].
 
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
@@ -72,13 +77,16 @@ struct Problem {
   const int32_t* indices;
   const int32_t* types;
   int64_t heads, n, d;
+  int64_t batch_heads;  // BH: the stride of a node is BH * D
   T scale;
   double dropout_p;
   uint64_t seed;
   uint32_t threshold;  // dropout keeps a hash >= threshold (of 2^24)
   T keep_scale;        // 1 / (1 - p)
 
-  const T* row(const T* x, int64_t bh, int64_t node) const { return x + (bh * n + node) * d; }
+  // row (node, bh) of a node-major [N, BH, D] tensor
+  int64_t offset(int64_t bh, int64_t node) const { return (node * batch_heads + bh) * d; }
+  const T* row(const T* x, int64_t bh, int64_t node) const { return x + offset(bh, node); }
   bool absent(int64_t bh, int64_t key) const { return pad && pad[(bh / heads) * n + key]; }
   // the factor dropout puts on edge (row, key): 0 or 1 / (1 - p)
   T keep(int64_t bh, int64_t row, int64_t key) const {
@@ -154,7 +162,7 @@ void forward_rows(const Problem<T>& p, int64_t begin, int64_t end, T* out, T* ls
       scores[e - first] = s;
       row_max = std::max(row_max, s);
     }
-    T* o = out + flat * p.d;
+    T* o = out + p.offset(bh, u);
     std::fill_n(acc, p.d, T(0));
     if (row_max == neg_inf) {  // no present key
       std::fill_n(o, p.d, T(0));
@@ -186,14 +194,14 @@ void backward_head(const Problem<T>& p, int64_t bh, const T* grad_out, const T* 
   T* dq = scratch + p.d;
   for (int64_t u = 0; u < p.n; ++u) {
     const int64_t flat = bh * p.n + u;
-    T* dq_row = grad_q + flat * p.d;
+    T* dq_row = grad_q + p.offset(bh, u);
     const T row_lse = lse[flat];
     if (std::isinf(row_lse)) {  // no present key: zero output, zero gradients
       std::fill_n(dq_row, p.d, T(0));
       continue;
     }
-    const T* go = grad_out + flat * p.d;
-    const T delta = head.dot(go, out + flat * p.d, nullptr);  // rowsum(dO * O)
+    const T* go = grad_out + p.offset(bh, u);
+    const T delta = head.dot(go, out + p.offset(bh, u), nullptr);  // rowsum(dO * O)
     head.scaled(p.scale, p.row(p.q, bh, u), qs);
     std::fill_n(dq, p.d, T(0));
     for (int64_t e = p.indptr[u]; e < p.indptr[u + 1]; ++e) {
@@ -204,10 +212,10 @@ void backward_head(const Problem<T>& p, int64_t bh, const T* grad_out, const T* 
       const T prob = softmax_exp(head.dot(qs, k, rel) - row_lse);
       const T keep = p.keep(bh, u, key);
       const T d_prob = keep * head.dot(go, p.row(p.v, bh, key), nullptr);
-      if (keep != 0) head.axpy(prob * keep, go, grad_v + (bh * p.n + key) * p.d);
+      if (keep != 0) head.axpy(prob * keep, go, grad_v + p.offset(bh, key));
       const T d_score = prob * (d_prob - delta);
       head.axpy2(d_score, k, rel, dq);
-      head.axpy(d_score, qs, grad_k + (bh * p.n + key) * p.d);
+      head.axpy(d_score, qs, grad_k + p.offset(bh, key));
       if (rel) head.axpy(d_score, qs, grad_rel + p.types[e] * p.d);
     }
     head.scaled(p.scale, dq, dq_row);
@@ -218,7 +226,7 @@ void backward_head(const Problem<T>& p, int64_t bh, const T* grad_out, const T* 
 
 void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   TORCH_CHECK(q.dim() == 3 && q.sizes() == k.sizes() && q.sizes() == v.sizes(),
-              "graph_attention_cpu: q, k, v must be [BH, N, D] of one shape");
+              "graph_attention_cpu: q, k, v must be [N, BH, D] of one shape");
   TORCH_CHECK(q.device().is_cpu() && q.is_contiguous() && k.is_contiguous() && v.is_contiguous(),
               "graph_attention_cpu: q, k, v must be contiguous CPU tensors");
   TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type() &&
@@ -232,7 +240,7 @@ Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tens
                         const std::vector<at::Tensor>& graph, int64_t heads, double scale,
                         double dropout_p, int64_t seed) {
   TORCH_CHECK(dropout_p >= 0 && dropout_p < 1, "graph_attention_cpu: dropout_p must be in [0, 1)");
-  const int64_t n = q.size(1);
+  const int64_t n = q.size(0), batch_heads = q.size(1);
   TORCH_CHECK(graph.size() == 3, "graph_attention_cpu: the graph is (indptr, indices, types)");
   for (const auto& t : graph) {
     TORCH_CHECK(t.device().is_cpu() && t.is_contiguous() && t.scalar_type() == at::kInt,
@@ -240,7 +248,7 @@ Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tens
   }
   TORCH_CHECK(graph[0].numel() == n + 1 && graph[1].numel() == graph[2].numel(),
               "graph_attention_cpu: indptr must have N + 1 entries and one type per edge");
-  TORCH_CHECK(heads > 0 && q.size(0) % heads == 0, "graph_attention_cpu: bad head count");
+  TORCH_CHECK(heads > 0 && batch_heads % heads == 0, "graph_attention_cpu: bad head count");
   if (rel) {
     TORCH_CHECK(rel->dim() == 2 && rel->size(1) == q.size(2) && rel->is_contiguous() &&
                     rel->scalar_type() == q.scalar_type(),
@@ -248,14 +256,14 @@ Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tens
   }
   if (pad) {
     TORCH_CHECK(pad->scalar_type() == at::kByte && pad->is_contiguous() &&
-                    pad->numel() * heads == q.size(0) * n,
+                    pad->numel() * heads == batch_heads * n,
                 "graph_attention_cpu: key padding must be a contiguous uint8 [B, N] tensor");
   }
   return Problem<T>{q.data_ptr<T>(), k.data_ptr<T>(), v.data_ptr<T>(),
                     rel ? rel->data_ptr<T>() : nullptr,
                     pad ? pad->data_ptr<uint8_t>() : nullptr, graph[0].data_ptr<int32_t>(),
                     graph[1].data_ptr<int32_t>(), graph[2].data_ptr<int32_t>(), heads, n,
-                    q.size(2), static_cast<T>(scale), dropout_p,
+                    q.size(2), batch_heads, static_cast<T>(scale), dropout_p,
                     static_cast<uint64_t>(seed),
                     static_cast<uint32_t>(std::llround(dropout_p * (1 << 24))),
                     static_cast<T>(1.0 / (1.0 - dropout_p))};
@@ -285,7 +293,7 @@ int64_t max_degree(const at::Tensor& indptr) {
 constexpr int64_t kForwardGrain = 64;
 
 // forward(q, k, v, rel, pad, (indptr, indices, types), heads, scale, dropout_p, seed)
-//   -> out [BH, N, D], lse [BH, N]
+//   -> out [N, BH, D], lse [BH, N]
 std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const c10::optional<at::Tensor>& rel,
                                 const c10::optional<at::Tensor>& pad,
@@ -293,13 +301,13 @@ std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const 
                                 double dropout_p, int64_t seed) {
   check_qkv(q, k, v);
   auto out = at::empty_like(q);
-  auto lse = at::empty({q.size(0), q.size(1)}, q.options());
+  auto lse = at::empty({q.size(1), q.size(0)}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "graph_attention_cpu_forward", [&] {
     using T = scalar_t;
     const auto p = make_problem<T>(q, k, v, rel, pad, graph, heads, scale, dropout_p, seed);
     const int64_t scratch_size = max_degree(graph[0]) + 2 * p.d;
     dispatch_head_dim(p.d, [&](auto dim) {
-      at::parallel_for(0, q.size(0) * p.n, kForwardGrain, [&](int64_t begin, int64_t end) {
+      at::parallel_for(0, p.batch_heads * p.n, kForwardGrain, [&](int64_t begin, int64_t end) {
         std::vector<T> scratch(scratch_size);
         forward_rows<T, decltype(dim)::value>(p, begin, end, out.data_ptr<T>(),
                                                lse.data_ptr<T>(), scratch.data());
@@ -328,7 +336,7 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
                   out.scalar_type() == q.scalar_type() && lse.scalar_type() == q.scalar_type() &&
                   lse.numel() * q.size(2) == q.numel(),
               "graph_attention_cpu: grad_out, out and lse must match q");
-  const int64_t batch_heads = q.size(0), d = q.size(2);
+  const int64_t batch_heads = q.size(1), d = q.size(2);
   auto grad_q = at::empty_like(q), grad_k = at::zeros_like(q), grad_v = at::zeros_like(q);
   const int64_t num_types = rel ? rel->size(0) : 0;
   at::Tensor grad_rel = at::empty({num_types, d}, q.options());

@@ -9,6 +9,12 @@ tiles are three quarters non-edges). No [rows x keys] probabilities are stored, 
 is proportional to the edges, so time and memory grow like n log n at any k. Any
 ``AttentionGraph`` runs, tree-laid or not.
 
+The kernel's tensors are node-major ([N, B * H, D] in memory): a [B, H, N, D] query, key or
+value that is a view of fairseq's time-first [N, B, H * D] projection output (``split_heads``)
+is read where it is, and the output is returned as such a view, so that ``merge_heads`` is
+free too; the gradients come back in the same layout. Inputs in another layout are copied
+into it once.
+
 float32 and float64 (the tests compare float64 with the reference to ~1e-12); float16 and
 bfloat16 inputs (autocast) are computed in float32 and returned in their own dtype. The
 extension is built on first use or by ``scripts/build_cpu_ext.py`` into the per-user cache
@@ -50,8 +56,16 @@ def cpu_features() -> str:
     return f"{platform.machine()}-{hashlib.sha1(text.encode()).hexdigest()[:10]}"
 
 
+def source_digest() -> str:
+    """A short hash of the kernel source: part of the cache folder, so that two checkouts with
+    different kernels (a branch and main) each load their own build instead of rebuilding
+    over each other's."""
+    return hashlib.sha1((SOURCE_DIR / "graph_attention_cpu.cpp").read_bytes()).hexdigest()[:10]
+
+
 EXTENSION = Extension(
-    "fairseq_plugins_graph_attention_cpu", "cpu_ext", f"torch{torch.__version__}-{cpu_features()}",
+    "fairseq_plugins_graph_attention_cpu", "cpu_ext",
+    f"torch{torch.__version__}-{cpu_features()}-{source_digest()}",
     (SOURCE_DIR / "graph_attention_cpu.cpp",), cflags=CXX_FLAGS, ldflags=("-fopenmp",))
 
 
@@ -79,15 +93,15 @@ def refuses(query: torch.Tensor, graph, dropout_p: float = 0.0):
 def forward_op(q: Tensor, k: Tensor, v: Tensor, rel: Optional[Tensor], pad: Optional[Tensor],
                indptr: Tensor, indices: Tensor, edge_type: Tensor, heads: int, scale: float,
                dropout_p: float, seed: Tensor) -> Tuple[Tensor, Tensor]:
-    """q, k, v: contiguous [BH, N, D] float32/float64; rel: [T, D] of their dtype; pad: uint8
-    [B, N]; the CSR as int32; seed: int64 scalar. Returns (out [BH, N, D], lse [BH, N])."""
+    """q, k, v: contiguous node-major [N, BH, D] float32/float64; rel: [T, D] of their dtype; pad:
+    uint8 [B, N]; the CSR as int32; seed: int64 scalar. Returns (out [N, BH, D], lse [BH, N])."""
     return tuple(load_extension().forward(q, k, v, rel, pad, [indptr, indices, edge_type], heads, scale,
                                           dropout_p, int(seed)))
 
 
 @forward_op.register_fake
 def _forward_fake(q, k, v, rel, pad, indptr, indices, edge_type, heads, scale, dropout_p, seed):
-    return torch.empty_like(q), q.new_empty(q.shape[:2])
+    return torch.empty_like(q), q.new_empty((q.size(1), q.size(0)))
 
 
 @torch.library.custom_op("fairseq_plugins::cpu_graph_attention_backward", mutates_args=())
@@ -143,7 +157,7 @@ def cpu_graph_attention(query, key, value, graph, rel_key=None, key_padding_mask
         return torch.zeros_like(query)
     bsz, heads, num_nodes, dim = query.shape
     compute = query.dtype if query.dtype in DTYPES else torch.float32  # autograd casts back
-    q, k, v = (x.reshape(bsz * heads, num_nodes, dim).to(compute).contiguous() for x in (query, key, value))
+    q, k, v = (node_major(x).to(compute) for x in (query, key, value))
     rel = None if rel_key is None else rel_key.to(compute).contiguous()
     pad = None if key_padding_mask is None else key_padding_mask.to(torch.uint8).contiguous()
     # the dropout seed comes from torch's generator (torch.manual_seed reproduces it), as a
@@ -151,7 +165,14 @@ def cpu_graph_attention(query, key, value, graph, rel_key=None, key_padding_mask
     seed = torch.randint(0, 2**62, (), dtype=torch.int64) if dropout_p > 0 else torch.zeros((), dtype=torch.int64)
     out, _ = forward_op(q, k, v, rel, pad, *graph.on("cpu", torch.int32), heads, float(scale),
                         float(dropout_p), seed)
-    return out.view(query.shape).to(query.dtype)
+    return out.view(num_nodes, bsz, heads, dim).permute(1, 2, 0, 3).to(query.dtype)
+
+
+def node_major(x: Tensor) -> Tensor:
+    """[B, H, N, D] -> the kernel's contiguous [N, B * H, D]: a view when ``x`` is one of a
+    time-first [N, B, H, D] tensor (``split_heads`` of a projection), else a copy."""
+    bsz, heads, num_nodes, dim = x.shape
+    return x.permute(2, 0, 1, 3).contiguous().view(num_nodes, bsz * heads, dim)
 
 
 def prepare(query: torch.Tensor, graph) -> None:

@@ -27,7 +27,7 @@ and each graph is built once per (length, options) and cached.
 
 import functools
 from dataclasses import dataclass
-from typing import Tuple
+from typing import List, Tuple
 
 import torch
 
@@ -296,6 +296,34 @@ class TreeGraphSpec:
         return segtree_token_contexts(positions, n, self.causal, self.types)
 
 
+def causal_token_context(spec: "TreeGraphSpec", t: int) -> List[Tuple[int, int, int]]:
+    """(level, index, type) of the nodes token t attends to in a causal graph: the same nodes as
+    ``token_contexts`` (BPT's left side, SegTree's left neighbour and cover) for one token, in
+    plain integers: a decoding step asks for one token, where the tensor ops' overhead would
+    dominate (and grow with the levels)."""
+    types = spec.types
+    edges = [(0, t, types.self_type)]
+    if spec.kind == "bpt":
+        end, level = t, 0
+        while end > 0:
+            last = (end >> level) - 1
+            edges += [(level, last - slot, types.left(level, slot)) for slot in range(spec.k) if last - slot >= 0]
+            first = last - (spec.k - 1)
+            if first >= 1 and first % 2 == 1:
+                edges.append((level, first - 1, types.left(level, spec.k)))
+                first -= 1
+            end, level = max(first, 0) << level, level + 1
+        return edges
+    if t >= 1:
+        edges.append((0, t - 1, types.left(0, 0)))
+    end = max(t - 1, 0)
+    while end > 0:
+        level = (end & -end).bit_length() - 1
+        edges.append((level, (end >> level) - 1, types.left(0, 1) if level == 0 else types.left(level, 0)))
+        end -= 1 << level
+    return edges
+
+
 def creation_slot(level: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """Slot of node (level, index) when a causal tree grows one token at a time.
 
@@ -322,9 +350,10 @@ def causal_step_graph(spec: TreeGraphSpec, t: int) -> AttentionGraph:
     completed at step t reads its 2^j tokens, i.e. O(log t) tokens per step amortised."""
     if not spec.causal:
         raise ValueError("incremental decoding needs a causal graph")
-    contexts = spec.token_contexts(torch.tensor([t]), t + 1)
-    rows = [creation_slot(contexts[1], contexts[2])]
-    row_types = [contexts[3]]
+    context = causal_token_context(spec, t)
+    rows = [torch.tensor([2 * step - bin(step).count("1") + level
+                          for level, index, _ in context for step in [((index + 1) << level) - 1]])]
+    row_types = [torch.tensor([edge_type for _, _, edge_type in context])]
     j = 1
     while (t + 1) % (1 << j) == 0:
         m = (t + 1) // (1 << j) - 1

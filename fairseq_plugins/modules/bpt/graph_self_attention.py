@@ -16,6 +16,14 @@ projection, and the layer (``graph_transformer_layers``) their FFN.
 
 Relative positions (Eq. 13 of the BPT paper): one learned vector per edge type, per layer,
 shared by heads and added to keys.
+
+The decoding cache: per layer, key and value buffers [B, H, capacity, D] written in place. A
+step's graph says how many nodes exist after it (``graph.num_keys``), so the step writes its
+new nodes' keys/values into the slots before that count and attends over the filled prefix (a
+view): no per-step copy of the cache. The capacity doubles when it is reached (amortised O(1)
+per node), and fairseq's reorder is free when the order is the identity (sampling, beam 1);
+another order (beam search, a finished sentence dropped) copies the buffers, as fairseq's own
+attention does.
 """
 
 import uuid
@@ -26,6 +34,9 @@ from torch import Tensor, nn
 
 from fairseq_plugins.graph_attention import AttentionGraph, graph_attention
 from fairseq_plugins.modules.common.heads import merge_heads, split_heads
+
+# nodes the decoding cache holds at first (about 32 tokens); then it doubles
+INITIAL_CACHE_NODES = 64
 
 
 class GraphSelfAttention(nn.Module):
@@ -65,11 +76,7 @@ class GraphSelfAttention(nn.Module):
         if incremental_state is not None:
             if key_padding_mask is not None:
                 raise ValueError("a decoding step attends over the cache: no key_padding_mask")
-            state = self._get_input_buffer(incremental_state)
-            if "prev_key" in state:
-                k = torch.cat([state["prev_key"], k], 2)
-                v = torch.cat([state["prev_value"], v], 2)
-            self._set_input_buffer(incremental_state, {"prev_key": k, "prev_value": v})
+            k, v = self._cached_keys_values(incremental_state, k, v, graph.num_keys)
         elif key_padding_mask is not None:
             key_padding_mask = key_padding_mask.bool()
         out = graph_attention(q, k, v, graph, self.rel_key, key_padding_mask,
@@ -77,6 +84,27 @@ class GraphSelfAttention(nn.Module):
         if out_rows is not None:
             out = out[:, :, :out_rows]
         return self.out_proj(merge_heads(out))
+
+    def _cached_keys_values(self, incremental_state, k: Tensor, v: Tensor, num_keys: int):
+        """Write this step's keys/values ([B, H, new, D]) into the cache slots just before
+        ``num_keys`` (growing the buffers when full); return the cache's first ``num_keys`` slots."""
+        state = self._get_input_buffer(incremental_state)
+        start = num_keys - k.size(2)
+        if start < 0 or (start > 0 and "key_cache" not in state):
+            raise ValueError(f"a decoding step over {num_keys} cached nodes with {k.size(2)} new ones "
+                             f"needs the earlier steps' cache")
+        buffers = [state.get("key_cache"), state.get("value_cache")]
+        if buffers[0] is None or buffers[0].size(2) < num_keys:
+            capacity = max(INITIAL_CACHE_NODES, num_keys, 2 * (0 if buffers[0] is None else buffers[0].size(2)))
+            grown = [k.new_empty(k.size(0), k.size(1), capacity, k.size(3)) for _ in buffers]
+            for old, new in zip(buffers, grown):
+                if start:
+                    new[:, :, :start] = old[:, :, :start]
+            buffers = grown
+            self._set_input_buffer(incremental_state, {"key_cache": buffers[0], "value_cache": buffers[1]})
+        for buffer, new in zip(buffers, (k, v)):
+            buffer[:, :, start:num_keys] = new
+        return buffers[0][:, :, :num_keys], buffers[1][:, :, :num_keys]
 
     # fairseq incremental-state hooks (the decoder layer and beam search call these)
     def _get_input_buffer(self, incremental_state) -> Dict[str, Optional[Tensor]]:
@@ -90,7 +118,12 @@ class GraphSelfAttention(nn.Module):
 
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
         buffer = self._get_input_buffer(incremental_state)
-        if buffer:
+        if buffer and not is_identity(new_order, buffer["key_cache"].size(0)):
             self._set_input_buffer(incremental_state, {
                 name: t.index_select(0, new_order) for name, t in buffer.items()})
         return incremental_state
+
+
+def is_identity(order: Tensor, size: int) -> bool:
+    """Whether reordering ``size`` rows by ``order`` leaves them as they are."""
+    return order.numel() == size and bool(torch.equal(order, torch.arange(size, device=order.device)))
