@@ -113,7 +113,9 @@ def test_public_downloads_pin_a_sha256():
 @pytest.mark.parametrize("given", ["raw-dir", "cache"])
 def test_a_download_with_another_checksum_is_refused(given, tmp_path):
     archive = _sst_archive(tmp_path / "in")
-    where = ["--raw-dir", str(tmp_path / "in")] if given == "raw-dir" else ["--cache-dir", str(tmp_path / "in")]
+    # the raw-dir case unpacks into a cache too: a private one, never the user's (which may hold SST unpacked)
+    where = (["--raw-dir", str(tmp_path / "in"), "--cache-dir", str(tmp_path / "cache")] if given == "raw-dir"
+             else ["--cache-dir", str(tmp_path / "in")])
     with pytest.raises(SystemExit) as err:
         prepare_data.main(["sst5", "--out", str(tmp_path / "out"), *where])
     message = str(err.value)

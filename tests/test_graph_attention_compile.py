@@ -99,7 +99,7 @@ def test_the_kernel_ops_have_fake_implementations():
     graph = bpt_graph(8, 2)
     indptr, indices, types = graph.on("cpu", torch.int32)
     with FakeTensorMode(allow_non_fake_inputs=True):
-        q = torch.empty(4, graph.num_nodes, 16)
+        q = torch.empty(graph.num_nodes, 4, 16)  # node-major [N, BH, D], as fairseq's layers hold it
         rel = torch.empty(graph.num_edge_types, 16)
         seed = torch.zeros((), dtype=torch.int64)
         out, lse = cpu_backend.forward_op(q, q, q, rel, None, indptr, indices, types, 2, 0.25, 0.0, seed)
@@ -108,8 +108,8 @@ def test_the_kernel_ops_have_fake_implementations():
     assert out.shape == q.shape and lse.shape == (4, graph.num_nodes)
     assert [tuple(g.shape) for g in grads] == [tuple(q.shape)] * 3 + [tuple(rel.shape)]
     torch.library.opcheck(torch.ops.fairseq_plugins.cpu_graph_attention.default,
-                          (torch.randn(4, graph.num_nodes, 16, requires_grad=True),
-                           torch.randn(4, graph.num_nodes, 16, requires_grad=True),
-                           torch.randn(4, graph.num_nodes, 16, requires_grad=True),
+                          (torch.randn(graph.num_nodes, 4, 16, requires_grad=True),
+                           torch.randn(graph.num_nodes, 4, 16, requires_grad=True),
+                           torch.randn(graph.num_nodes, 4, 16, requires_grad=True),
                            torch.randn(graph.num_edge_types, 16, requires_grad=True), None,
                            indptr, indices, types, 2, 0.25, 0.0, torch.zeros((), dtype=torch.int64)))

@@ -34,21 +34,29 @@ def test_benchmark_graph_attention_tiny(tmp_path):
     assert "| op | 128 | 1 | 2 |" in table  # every length at every thread count
 
 
+def _resident(megabytes: int):
+    """Fresh anonymous memory with every page written: resident whatever the allocator holds
+    (freed heap memory that earlier tests left resident would hide a torch allocation)."""
+    import mmap
+
+    block = mmap.mmap(-1, megabytes << 20)
+    for offset in range(0, megabytes << 20, mmap.PAGESIZE):
+        block[offset] = 1
+    return block
+
+
 def test_memory_measure_sees_a_step_that_stays_below_an_earlier_peak():
     """The graph benchmark's peak memory of a step: building a large graph can peak higher
     than the step, and a peak counted from the process's earlier high-water mark then reads 0."""
-    import torch
-
     from scripts.benchmark_graph_attention import reset_peak_rss, rss_mb
 
-    earlier = torch.ones(64 << 20)  # a 256 MB peak before the step
-    del earlier
+    _resident(256).close()  # a 256 MB peak before the step
     if not reset_peak_rss():
         pytest.skip("this kernel does not let a process reset its peak RSS")
     base = rss_mb("VmRSS")
-    step = torch.ones(16 << 20)  # the step: 64 MB
+    step = _resident(64)  # the step: 64 MB
     assert 56 < rss_mb() - base < 200
-    del step
+    step.close()
 
 
 def test_benchmark_multiscale_attention_tiny(tmp_path):
