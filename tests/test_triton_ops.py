@@ -15,7 +15,7 @@ pytest.importorskip("triton")
 from fairseq_plugins.graph_attention import graph_attention, tile_plan, triton_backend  # noqa: E402
 from fairseq_plugins.graphs.binary_partition import bpt_graph, node_present  # noqa: E402
 from fairseq_plugins.modules.bpt.graph_transformer_layers import GraphEncoderLayer  # noqa: E402
-from tests.test_graph_attention_compile import _run  # noqa: E402
+from tests.test_graph_attention_compile import assert_compiled_layer_matches_eager  # noqa: E402
 from tests.test_triton_backend import (  # noqa: E402
     assert_close, dense_reference, inputs, keep_mask,
 )
@@ -94,21 +94,7 @@ def test_a_compiled_bpt_layer_matches_eager_forward_and_gradients():
     tokens = 20
     graph = bpt_graph(tokens, 2)
     layer = _bpt_layer(graph.num_edge_types)
-    absent = ~node_present(torch.tensor([tokens, tokens // 2]), tokens)
-    gen = torch.Generator().manual_seed(2)
-    x = torch.randn(graph.num_nodes, 2, 32, generator=gen)
-    grad = torch.randn(graph.num_nodes, 2, 32, generator=gen)
-
-    def step(x, absent):
-        return layer(x, absent, graph)
-    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
-    eager_out, eager_dx, eager_grads = _run(step, layer, x, absent, grad)
-    out, dx, grads = _run(compiled, layer, x, absent, grad)
-    torch.testing.assert_close(out, eager_out, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(dx, eager_dx, rtol=1e-5, atol=1e-5)
-    assert grads.keys() == eager_grads.keys() and "self_attn.rel_key" in grads
-    for name in grads:
-        torch.testing.assert_close(grads[name], eager_grads[name], rtol=1e-5, atol=1e-5, msg=name)
+    assert_compiled_layer_matches_eager(layer, graph, tokens, 32)
 
 
 DROPOUT = 0.3
