@@ -8,6 +8,7 @@ on an idle core): the cases use one head and few programs.
 """
 
 import contextlib
+import dataclasses
 import os
 
 import pytest
@@ -356,6 +357,25 @@ def small_self_check(monkeypatch):
     return lambda: registry.self_check(triton_backend.triton_graph_attention, "cpu", torch.float32, 32)
 
 
+def test_the_split_block_merges_index_with_fixed_shapes(monkeypatch):
+    """What capturing a CUDA graph needs: the merges of split blocks index with the plan's own
+    tensors, never a boolean mask (a host sync on a GPU). Fake tensors refuse data-dependent
+    shapes, so a mask index fails here."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    monkeypatch.setattr(tile_plan, "TILES_PER_ITEM", 2)
+    graph = bpt_graph.__wrapped__(40, 1)  # a fresh graph: its plan is built with these splits
+    plan = tile_plan.build_plan(graph, *triton_backend.tiles(torch.float32, 32))
+    queries, keys = plan.query_work, plan.key_work
+    assert queries.num_parts and keys.num_parts
+    bh, dim = 2, 8
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        out, lse = torch.empty(bh, graph.num_nodes, dim), torch.empty(bh, graph.num_nodes)
+        tile_plan.merge_forward(out, lse, torch.empty(queries.num_parts, bh, plan.block_m, dim),
+                                torch.empty(queries.num_parts, bh, plan.block_m), plan)
+        tile_plan.merge_sum(out, torch.empty(keys.num_parts, bh, plan.block_m, dim), keys)
+
+
 def test_the_self_check_passes_the_kernels(small_self_check):
     small_self_check()
 
@@ -364,10 +384,9 @@ def test_the_self_check_catches_a_split_block_merge_bug(small_self_check, monkey
     def average_the_parts(out, lse, part_out, part_lse, plan):  # ignores the parts' weights
         work = plan.query_work
         merged = tile_plan._gather_parts(part_out, work).mean(1)
-        nodes = tile_plan._split_rows(plan, work, True)
-        tile_plan._scatter_rows(out, merged, nodes)
+        tile_plan._scatter_rows(out, merged, work)
         tile_plan._scatter_rows(lse, torch.logsumexp(tile_plan._gather_parts(part_lse, work, float("-inf")), 1),
-                                nodes)
+                                work)
     monkeypatch.setattr(triton_backend, "merge_forward", average_the_parts)
     with pytest.raises(RuntimeError, match="output differs"):
         small_self_check()
@@ -414,7 +433,7 @@ def offsets_beyond_int32_case():
     moved = tile_plan.TilePlan(
         block_m, block_n, num_nodes, torch.where(plan.slot_node >= 0, plan.slot_node + shift, -1),
         plan.tile_start + shift, plan.tile_types, plan.query_work, plan.window_start, plan.window_types,
-        tile_plan.WorkItems(key_items, 0, plan.key_work.part_index, plan.key_work.split_blocks))
+        dataclasses.replace(plan.key_work, items=key_items))
     qkv = torch.empty(batch_heads, num_nodes, dim, dtype=torch.float16)  # q = k = v
     rows = slice(shift, num_nodes)
     gen = torch.Generator().manual_seed(0)

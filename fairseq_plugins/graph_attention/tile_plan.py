@@ -40,12 +40,17 @@ MAX_EDGE_TYPES = 2**15 - 1  # edge types are stored as int16 (-1 = no edge)
 class WorkItems:
     """Programs of one kernel: ``items`` int32 [I, 4] = (block, first tile, end tile, part),
     part = -1 for a block done by one program; ``part_index`` int64 [split blocks, max parts]
-    lists each split block's parts (``num_parts`` = padding), ``split_blocks`` int64 its id."""
+    lists each split block's parts (``num_parts`` = padding), ``split_blocks`` int64 its id;
+    the split blocks' rows that are graph nodes, as positions in their flattened
+    [split blocks, BLOCK_M] rows (``split_rows``) and node ids (``split_nodes``), so that the
+    merges index with fixed shapes (no host sync: a CUDA graph can capture them)."""
 
     items: torch.Tensor
     num_parts: int
     part_index: torch.Tensor
     split_blocks: torch.Tensor
+    split_rows: torch.Tensor
+    split_nodes: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -76,13 +81,12 @@ class TilePlan:
     @staticmethod
     def from_tensors(tensors: Sequence[torch.Tensor], sizes: Sequence[int], num_nodes: int) -> "TilePlan":
         """The plan of ``tensors()`` and ``sizes()`` (no copies)."""
-        (slot_node, tile_start, tile_types, query_items, query_index, query_split,
-         window_start, window_types, key_items, key_index, key_split) = tensors
+        slot_node, tile_start, tile_types = tensors[:3]
+        window_start, window_types = tensors[3 + WORK_TENSORS:5 + WORK_TENSORS]
+        query, key = tensors[3:3 + WORK_TENSORS], tensors[5 + WORK_TENSORS:]
         block_m, block_n, query_parts, key_parts = sizes
         return TilePlan(block_m, block_n, num_nodes, slot_node, tile_start, tile_types,
-                        WorkItems(query_items, query_parts, query_index, query_split),
-                        window_start, window_types,
-                        WorkItems(key_items, key_parts, key_index, key_split))
+                        _work_from(query, query_parts), window_start, window_types, _work_from(key, key_parts))
 
     @property
     def num_tiles(self) -> int:
@@ -93,8 +97,16 @@ class TilePlan:
         return self.window_start.numel()
 
 
-def _work_tensors(work: WorkItems) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return work.items, work.part_index, work.split_blocks
+WORK_TENSORS = 5  # the tensors of one WorkItems
+
+
+def _work_tensors(work: WorkItems) -> Tuple[torch.Tensor, ...]:
+    return work.items, work.part_index, work.split_blocks, work.split_rows, work.split_nodes
+
+
+def _work_from(tensors: Sequence[torch.Tensor], num_parts: int) -> WorkItems:
+    items, part_index, split_blocks, split_rows, split_nodes = tensors
+    return WorkItems(items, num_parts, part_index, split_blocks, split_rows, split_nodes)
 
 
 def query_order(graph: AttentionGraph, block_m: int) -> torch.Tensor:
@@ -154,8 +166,10 @@ def _type_tiles(owner, start, edge_owner, edge_position, edge_row, edge_type, ro
     return tiles
 
 
-def _work_items(owner: torch.Tensor, num_blocks: int, tiles_per_item: int) -> WorkItems:
-    """Split the tile lists (tiles sorted by owner block) into items of <= tiles_per_item."""
+def _work_items(owner: torch.Tensor, block_nodes: torch.Tensor, tiles_per_item: int) -> WorkItems:
+    """Split the tile lists (tiles sorted by owner block) into items of <= tiles_per_item;
+    ``block_nodes`` [blocks, BLOCK_M]: the graph node of each block's rows (-1 = none)."""
+    num_blocks = block_nodes.size(0)
     counts = torch.bincount(owner, minlength=num_blocks)
     first = torch.cumsum(counts, 0) - counts
     parts = torch.clamp(-(-counts // tiles_per_item), min=1)  # an empty block: one empty item
@@ -175,7 +189,9 @@ def _work_items(owner: torch.Tensor, num_blocks: int, tiles_per_item: int) -> Wo
     split_block_of[split_blocks] = torch.arange(split_blocks.numel())
     part_index[split_block_of[block[split]], part_in_block[split]] = part_id[split]
     items = torch.stack([block, begin, end, part_id], 1).to(torch.int32)
-    return WorkItems(items, num_parts, part_index, split_blocks)
+    rows = block_nodes[split_blocks].flatten().long()
+    split_rows = torch.nonzero(rows >= 0).flatten()
+    return WorkItems(items, num_parts, part_index, split_blocks, split_rows, rows[split_rows])
 
 
 def build_plan(graph: AttentionGraph, block_m: int, block_n: int) -> TilePlan:
@@ -198,11 +214,12 @@ def build_plan(graph: AttentionGraph, block_m: int, block_n: int) -> TilePlan:
     window_block, window_start = _greedy_windows(key // block_m, row_slot, block_n)
     window_types = _type_tiles(window_block, window_start, key // block_m, row_slot,
                                key % block_m, types, block_m, block_n)
+    keys = torch.arange(-(-graph.num_nodes // block_m) * block_m)
+    key_nodes = torch.where(keys < graph.num_nodes, keys, -1).view(-1, block_m)
     return TilePlan(
         block_m, block_n, graph.num_nodes, slot_node.to(torch.int32),
-        tile_start.to(torch.int32), tile_types, _work_items(tile_block, slot_node.numel() // block_m, TILES_PER_ITEM),
-        window_start.to(torch.int32), window_types,
-        _work_items(window_block, -(-graph.num_nodes // block_m), TILES_PER_ITEM))
+        tile_start.to(torch.int32), tile_types, _work_items(tile_block, slot_node.view(-1, block_m), TILES_PER_ITEM),
+        window_start.to(torch.int32), window_types, _work_items(window_block, key_nodes, TILES_PER_ITEM))
 
 
 def plan_on(graph: AttentionGraph, block_m: int, block_n: int, device) -> TilePlan:
@@ -226,25 +243,15 @@ def _to(plan: TilePlan, device) -> TilePlan:
 
 # ------------------------------------------------- merging the parts of split blocks
 
-def _split_rows(plan: TilePlan, work: WorkItems, query_major: bool) -> torch.Tensor:
-    """Graph node [S, block] of every row of each split block (-1 = none)."""
-    blocks = work.split_blocks
-    if query_major:
-        slots = blocks[:, None] * plan.block_m + torch.arange(plan.block_m, device=blocks.device)
-        return plan.slot_node[slots].long()
-    keys = blocks[:, None] * plan.block_m + torch.arange(plan.block_m, device=blocks.device)
-    return torch.where(keys < plan.num_nodes, keys, -1)
-
-
 def _gather_parts(parts: torch.Tensor, work: WorkItems, fill=0.0) -> torch.Tensor:
     """[S, max parts, BH, rows, ...] parts of each split block (``fill`` where padded)."""
     return torch.cat([parts, parts.new_full((1, *parts.shape[1:]), fill)])[work.part_index]
 
 
-def _scatter_rows(target: torch.Tensor, values: torch.Tensor, nodes: torch.Tensor) -> None:
-    """target[bh, nodes[s, r]] = values[s, bh, r] where nodes >= 0 (distinct nodes)."""
-    present = nodes >= 0
-    target[:, nodes[present]] = values.transpose(0, 1)[:, present].to(target.dtype)
+def _scatter_rows(target: torch.Tensor, values: torch.Tensor, work: WorkItems) -> None:
+    """target[bh, node] = values[s, bh, r] for the split blocks' rows that are nodes."""
+    flat = values.transpose(0, 1).flatten(1, 2)  # [BH, S * rows, ...]
+    target[:, work.split_nodes] = flat[:, work.split_rows].to(target.dtype)
 
 
 def merge_forward(out, lse, part_out, part_lse, plan: TilePlan) -> None:
@@ -258,13 +265,12 @@ def merge_forward(out, lse, part_out, part_lse, plan: TilePlan) -> None:
     no_key = torch.isinf(total)
     weights = torch.exp(lses - torch.where(no_key, 0.0, total)[:, None])
     merged = (weights[..., None] * _gather_parts(part_out, work)).sum(1)
-    nodes = _split_rows(plan, work, True)
-    _scatter_rows(out, merged, nodes)
-    _scatter_rows(lse, torch.where(no_key, float("inf"), total), nodes)
+    _scatter_rows(out, merged, work)
+    _scatter_rows(lse, torch.where(no_key, float("inf"), total), work)
 
 
-def merge_sum(target, parts, plan: TilePlan, work: WorkItems, query_major: bool) -> None:
+def merge_sum(target, parts, work: WorkItems) -> None:
     """Sum the parts of split blocks in a fixed order."""
     if not work.num_parts:
         return
-    _scatter_rows(target, _gather_parts(parts, work).sum(1), _split_rows(plan, work, query_major))
+    _scatter_rows(target, _gather_parts(parts, work).sum(1), work)

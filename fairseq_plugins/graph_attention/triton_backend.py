@@ -229,7 +229,7 @@ def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: T
         _launch("backward_query", (work.items.size(0), bh), q.dtype, dim, dropout_p > 0,
                 q, k, v, out, grad_out, lse, delta, grad_q, part_grad_q, grad_rows, tiles.slot_node,
                 work.items, tiles.tile_start, tiles.tile_types, *scalars)
-        merge_sum(grad_q, part_grad_q, tiles, work, True)
+        merge_sum(grad_q, part_grad_q, work)
 
         work = tiles.key_work
         grad_k, grad_v = (torch.empty_like(q) for _ in range(2))  # written in q's dtype
@@ -239,8 +239,8 @@ def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: T
                 q, k, v, grad_out, lse, delta, grad_k, grad_v, part_grad_k, part_grad_v,
                 tiles.slot_node, tiles.slot_node.numel(), work.items, tiles.window_start,
                 tiles.window_types, *scalars)
-        merge_sum(grad_k, part_grad_k, tiles, work, False)
-        merge_sum(grad_v, part_grad_v, tiles, work, False)
+        merge_sum(grad_k, part_grad_k, work)
+        merge_sum(grad_v, part_grad_v, work)
 
         grad_rel = q.new_empty(0)
         if rel_key is not None:  # d(score) summed per (row, type): the relative-key terms
