@@ -30,7 +30,6 @@ table (``--out``).
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -44,6 +43,7 @@ import torch
 
 from fairseq_plugins.recipes.config import CONFIG_DIR, to_flags
 from fairseq_plugins.recipes.demo import load_demo_config, prepare_multi30k, train_command
+from fairseq_plugins.recipes.train_log import progress
 from scripts.profile_split import floor_table, median_split, span_floor, split_table, update_split
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,7 +55,6 @@ SIZES = {  # fairseq-train model flags (encoder and decoder alike), tokens per b
     "tiny": (dict(layers=1, embed_dim=32, ffn_embed_dim=64, attention_heads=2), 256),  # the test suite's
 }
 TOP_OPS = 6
-_INNER_WPS = re.compile(r"\| train_inner \|.*\bwps=([\d.]+)")
 
 
 def size_flags(size: str) -> Dict[str, object]:
@@ -185,7 +184,7 @@ def fairseq_train_wps(data: Path, entry: dict, cfg: dict, size: str, args, save_
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode:
         raise RuntimeError(f"fairseq-train failed for {entry['arch']}:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
-    speeds = [float(w) for w in _INNER_WPS.findall(proc.stdout + proc.stderr)]
+    speeds = [wps for wps, _ in progress(proc.stdout + proc.stderr)]
     if len(speeds) < 2:
         raise RuntimeError(f"fairseq-train ({entry['arch']}) logged {len(speeds)} progress lines; "
                            f"the warm-up interval needs another after it:\n{proc.stdout[-2000:]}")

@@ -42,6 +42,7 @@ from .data.multi30k import multi30k_en_de
 from .demo_progress import DemoProgress, clock
 from .evaluate import generate, score
 from .lm_study import markdown as lm_markdown, parser as lm_parser, run_study
+from .train_log import epoch_summaries, model_params, progress
 
 # --lm: lm_study at a smaller scale (its other settings are lm_study's defaults)
 DEMO_LM = ["--updates", "60", "--rounds", "2"]
@@ -141,24 +142,16 @@ def busy_warnings(load: float, cores: int, threads: int) -> List[str]:
     return out
 
 
-_PARAMS_RE = re.compile(r"num\. (?:shared )?model params: ([\d,]+)")
-_INNER_RE = re.compile(r"\| train_inner \|.*\bwps=([\d.]+).*\bnum_updates=(\d+)")
-_EPOCH_RE = re.compile(r"\| train \|.*\| wps ([\d.]+) .*\| num_updates (\d+)")
-
-
 def parse_train_log(log: str) -> Dict[str, float]:
     """Parameters, updates and training target words per second from a fairseq-train log:
     the mean over the progress lines (``train_inner``), or over the epoch summaries when
     training stopped before the first progress line. Validation speed is not counted."""
-    params = _PARAMS_RE.search(log)
-    if params is None:
-        raise ValueError("no 'num. model params' line in the fairseq-train log")
-    inner, epochs = _INNER_RE.findall(log), _EPOCH_RE.findall(log)
+    params = model_params(log)
+    inner, epochs = progress(log), epoch_summaries(log)
     if not inner and not epochs:
         raise ValueError("no training progress ('wps', 'num_updates') in the fairseq-train log")
-    speeds = [float(w) for w, _ in inner or epochs]
-    return {"params": int(params.group(1).replace(",", "")),
-            "updates": max(int(u) for _, u in inner + epochs),
+    speeds = [wps for wps, _ in inner or epochs]
+    return {"params": params, "updates": max(updates for _, updates in inner + epochs),
             "words_per_second": sum(speeds) / len(speeds)}
 
 
@@ -174,17 +167,17 @@ class UpdateTimer:
 
     def line(self, text: str, t: float) -> Optional[int]:
         """Feed one log line; returns the updates done when the line reports them."""
-        inner = _INNER_RE.search(text)
+        inner = progress(text)
         if inner:
-            updates = int(inner.group(2))
+            updates = inner[-1][1]
             if self.last is not None and updates > self.last[1]:
                 self.intervals.append((t - self.last[0]) / (updates - self.last[1]))
             self.last = (t, updates)
             return updates
         if re.search(r"\| (valid|train) \||saved checkpoint|begin training epoch", text):
             self.last = None
-        epoch = _EPOCH_RE.search(text)
-        return int(epoch.group(2)) if epoch else None
+        epoch = epoch_summaries(text)
+        return epoch[-1][1] if epoch else None
 
     def seconds_per_update(self) -> Optional[float]:
         return statistics.median(self.intervals) if self.intervals else None

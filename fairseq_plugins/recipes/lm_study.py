@@ -29,7 +29,6 @@ import argparse
 import hashlib
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -42,11 +41,10 @@ from .config import USER_DIR
 from .data.common import fairseq_preprocess_only_source
 from .data.language_modeling import SPLITS, split_heldout
 from .evaluate_lm import parse as parse_eval_lm
+from .train_log import model_params, progress
 
 CORPUS = "Python Language Reference topics (pydoc_data.topics, shipped with CPython; PSF License)"
 BASELINE = "transformer_lm"
-_WPS = re.compile(r"\| train_inner \|.*\bwps=([\d.]+).*\bnum_updates=(\d+)")
-_PARAMS = re.compile(r"num\. (?:shared )?model params: ([\d,]+)")
 
 
 def python_docs_text() -> str:
@@ -122,13 +120,12 @@ def train_round(data: Path, save_dir: Path, flags: List[str], args, until: int) 
         fh.write(log)
     if proc.returncode != 0:
         raise RuntimeError(f"fairseq-train failed:\n{' '.join(cmd)}\n{log[-4000:]}")
-    speeds = [float(w) for w, _ in _WPS.findall(log)]
-    if not speeds:
+    lines = progress(log)
+    if not lines:
         raise RuntimeError(f"no training progress line in {save_dir / 'train.log'}: lower --log-interval")
-    params = _PARAMS.search(log)
-    return {"until": until, "updates_done": max(int(u) for _, u in _WPS.findall(log)),
-            "tokens_per_second": statistics.median(speeds), "seconds": seconds,
-            "load": (load + os.getloadavg()[0]) / 2, "params": int(params.group(1).replace(",", ""))}
+    return {"until": until, "updates_done": max(updates for _, updates in lines),
+            "tokens_per_second": statistics.median(wps for wps, _ in lines), "seconds": seconds,
+            "load": (load + os.getloadavg()[0]) / 2, "params": model_params(log)}
 
 
 def evaluate(data: Path, checkpoint: Path, args) -> dict:
