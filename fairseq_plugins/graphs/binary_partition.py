@@ -351,8 +351,8 @@ def causal_step_graph(spec: TreeGraphSpec, t: int) -> AttentionGraph:
     if not spec.causal:
         raise ValueError("incremental decoding needs a causal graph")
     context = causal_token_context(spec, t)
-    rows = [torch.tensor([2 * step - bin(step).count("1") + level
-                          for level, index, _ in context for step in [((index + 1) << level) - 1]])]
+    # creation_slot of each context node, in integers: the nodes before its step, plus its level
+    rows = [torch.tensor([nodes_created(((index + 1) << level) - 1) + level for level, index, _ in context])]
     row_types = [torch.tensor([edge_type for _, _, edge_type in context])]
     j = 1
     while (t + 1) % (1 << j) == 0:
