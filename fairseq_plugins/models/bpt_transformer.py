@@ -37,6 +37,7 @@ from fairseq_plugins.models.plugin_model import PluginModel
 from fairseq_plugins.modules.bpt.graph_transformer_layers import (
     CROSS_ATTENTION_FROM, GraphDecoderLayer, GraphEncoderLayer,
 )
+from fairseq_plugins.modules.common.layer_wrapping import wrap_layer
 
 GRAPH_SIDES = ("encoder", "decoder", "both")
 TOKEN_POSITIONS = ("none", "absolute")
@@ -97,7 +98,8 @@ class GraphTransformerEncoder(TransformerEncoderBase):
         super().__init__(graph_side_config(cfg), dictionary, embed_tokens)
 
     def build_encoder_layer(self, cfg):
-        return GraphEncoderLayer(cfg, self._spec.types.num_types, backend=cfg.graph_attention_backend)
+        return wrap_layer(GraphEncoderLayer(cfg, self._spec.types.num_types, backend=cfg.graph_attention_backend),
+                          cfg)
 
     def forward(self, src_tokens, src_lengths: Optional[Tensor] = None,
                 return_all_hiddens: bool = False, token_embeddings: Optional[Tensor] = None,
@@ -151,9 +153,10 @@ class GraphTransformerDecoder(TransformerDecoderBase):
         super().__init__(graph_side_config(cfg), dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        return GraphDecoderLayer(cfg, self._spec.types.num_types, no_encoder_attn=no_encoder_attn,
-                                 backend=cfg.graph_attention_backend,
-                                 cross_attention_from=self.cross_attention_from)
+        layer = GraphDecoderLayer(cfg, self._spec.types.num_types, no_encoder_attn=no_encoder_attn,
+                                  backend=cfg.graph_attention_backend,
+                                  cross_attention_from=self.cross_attention_from)
+        return wrap_layer(layer, cfg)
 
     def _embed(self, prev_output_tokens, incremental_state):
         positions = None

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from fairseq.dataclass import ChoiceEnum
-from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
     TransformerDecoder,
@@ -25,7 +24,6 @@ from fairseq.models.transformer import (
     transformer_iwslt_de_en,
     transformer_wmt_en_de,
 )
-from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import (
     TransformerDecoderLayerBase,
     TransformerEncoderLayerBase,
@@ -35,6 +33,7 @@ from fairseq_plugins.models.model_options import (
     PluginTransformerConfig, add_config_args, check_at_least, check_choice, set_default_options,
 )
 from fairseq_plugins.models.plugin_model import PluginModel
+from fairseq_plugins.modules.common.layer_wrapping import wrap_layer
 from fairseq_plugins.modules.multiscale.multiscale_attention import MultiScaleSelfAttention
 from fairseq_plugins.modules.multiscale.scale_distribution import PAPER_CANDIDATES, layer_scales
 
@@ -64,13 +63,6 @@ class MultiScaleTransformerConfig(PluginTransformerConfig):
         "help": "alpha of the decoder's scale distribution"})
     multiscale_block_size: int = field(default=64, metadata={
         "help": "queries per block in the banded attention kernel"})
-
-
-def _wrap_layer(layer: nn.Module, cfg) -> nn.Module:
-    """Activation checkpointing and FSDP wrapping, as fairseq does for its own layers."""
-    if cfg.checkpoint_activations:
-        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
-    return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not cfg.checkpoint_activations else 0)
 
 
 def _multiscale_self_attention(layer, embed_dim, cfg, causal: bool) -> MultiScaleSelfAttention:
@@ -159,7 +151,7 @@ class MultiScaleTransformerEncoder(TransformerEncoder):
         layer = MultiScaleEncoderLayer(
             cfg, next(self.layer_scales), cfg.encoder_drop_ffn, cfg.multiscale_block_size
         )
-        return _wrap_layer(layer, cfg)
+        return wrap_layer(layer, cfg)
 
 
 class MultiScaleTransformerDecoder(TransformerDecoder):
@@ -176,7 +168,7 @@ class MultiScaleTransformerDecoder(TransformerDecoder):
         layer = MultiScaleDecoderLayer(
             cfg, next(self.layer_scales), cfg.multiscale_block_size, no_encoder_attn
         )
-        return _wrap_layer(layer, cfg)
+        return wrap_layer(layer, cfg)
 
     def buffered_future_mask(self, tensor):
         # causal windows mask the future themselves, without an n x n mask

@@ -1,0 +1,70 @@
+"""``--checkpoint-activations`` reaches the plugin's own layers (fairseq wraps only the layers it
+builds itself) and recomputes them in the backward without changing a gradient."""
+
+import pytest
+import torch
+
+pytest.importorskip("fairseq")
+
+from tests import test_bpt_models, test_lm_models  # noqa: E402
+
+
+def _builders():
+    """(name, build(tmp_path, extra) -> (task, model), a batch's forward inputs)."""
+    def lm(arch, backend_args):
+        def build(tmp_path, extra):
+            return test_lm_models.build(tmp_path, arch, [*backend_args, *extra])
+
+        def inputs(task):
+            return (test_lm_models.random_text(task, 2, 23, 0),)
+        return build, inputs
+
+    def translation(arch):
+        def build(tmp_path, extra):
+            return test_bpt_models.build(tmp_path, arch, ["--graph-attention-backend", "torch", *extra])
+
+        def inputs(task):
+            src = test_bpt_models.random_tokens(task, [9, 6], 0, left_pad=False)
+            tgt = test_bpt_models.random_tokens(task, [7, 5], 1, left_pad=False)
+            return src, torch.tensor([9, 6]), tgt
+        return build, inputs
+
+    return {
+        "bpt_lm": lm("bpt_lm", test_lm_models.ARCHS["bpt_lm"]),
+        "segtree_lm": lm("segtree_lm", test_lm_models.ARCHS["segtree_lm"]),
+        "bpt_transformer": translation("bpt_transformer"),
+        "segtree_transformer": translation("segtree_transformer"),
+    }
+
+
+BUILDERS = _builders()
+
+
+def _layers(model):
+    encoder = getattr(model, "encoder", None)
+    return [*getattr(encoder, "layers", []), *model.decoder.layers]
+
+
+def _gradients(model, inputs):
+    model.train()
+    model.zero_grad()
+    logits, _ = model(*inputs)
+    (logits.sin().sum()).backward()
+    return logits.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("name", BUILDERS)
+def test_checkpointed_layers_give_the_same_gradients(tmp_path, name):
+    build, inputs = BUILDERS[name]
+    task, plain = build(tmp_path, [])
+    _, checkpointed = build(tmp_path, ["--checkpoint-activations"])
+    assert all(not hasattr(layer, "precheckpoint_forward") for layer in _layers(plain))
+    assert all(hasattr(layer, "precheckpoint_forward") for layer in _layers(checkpointed))
+    checkpointed.load_state_dict(plain.state_dict())
+    batch = inputs(task)
+    out, grads = _gradients(plain, batch)
+    out_ckpt, grads_ckpt = _gradients(checkpointed, batch)
+    torch.testing.assert_close(out_ckpt, out)
+    assert grads_ckpt.keys() == grads.keys() and grads
+    for key in grads:
+        torch.testing.assert_close(grads_ckpt[key], grads[key], msg=key)
