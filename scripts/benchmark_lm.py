@@ -9,7 +9,9 @@ length, random bytes), one update is forward, cross-entropy, backward and an Ada
 warm-up round, then ``--rounds`` rounds in which the models alternate (so that other jobs on a
 shared machine slow all of them alike); the median per model and context, tokens per second,
 the ratio to ``transformer_lm``'s tokens per second measured in the same run, and time per token
-relative to the shortest context. Peak memory growth: one update in a fresh process per model
+relative to the shortest context. ``--checkpointed-ks`` adds BPT with fairseq's
+``--checkpoint-activations`` (training only): the layers' activations recomputed in the
+backward, memory traded for time. Peak memory growth: one update in a fresh process per model
 and context, peak RSS above the RSS before it (``/proc/self/clear_refs``).
 
 Sampling: incremental decoding (fairseq's ``incremental_state``) of one sequence to each
@@ -36,9 +38,13 @@ from scripts.benchmark_graph_attention import machine_line, reset_peak_rss, rss_
 VOCAB = 256  # bytes
 
 
-def model_specs(ks):
+def model_specs(ks, checkpointed_ks=()):
+    """name -> (arch, options); ``checkpointed_ks``: BPT also with ``--checkpoint-activations``
+    (each layer's activations recomputed in the backward: memory for time)."""
     return {"transformer_lm": ("transformer_lm", ["--decoder-normalize-before"]),
-            **{f"bpt_lm k{k}": ("bpt_lm", ["--graph-k", str(k)]) for k in ks}}
+            **{f"bpt_lm k{k}": ("bpt_lm", ["--graph-k", str(k)]) for k in ks},
+            **{f"bpt_lm k{k} checkpointed": ("bpt_lm", ["--graph-k", str(k), "--checkpoint-activations"])
+               for k in checkpointed_ks}}
 
 
 def build(arch, extra, args, context):
@@ -75,7 +81,7 @@ def update_step(model, args, context):
 
 
 def memory_worker(name, args, context) -> float:
-    arch, extra = model_specs(args.ks)[name]
+    arch, extra = model_specs(args.ks, args.checkpointed_ks)[name]
     step = update_step(build(arch, extra, args, context), args, context)
     base = rss_mb("VmRSS") if reset_peak_rss() else rss_mb()
     step()
@@ -89,12 +95,12 @@ def peak_growth(name, args, context) -> float:
 
 
 def common_flags(args):
-    return ["--ks", *map(str, args.ks), "--layers", str(args.layers), "--dim", str(args.dim), "--heads",
+    return ["--ks", *map(str, args.ks), "--checkpointed-ks", *map(str, args.checkpointed_ks), "--layers", str(args.layers), "--dim", str(args.dim), "--heads",
             str(args.heads), "--tokens", str(args.tokens), "--threads", str(args.threads), "--backend", args.backend]
 
 
 def time_updates(args):
-    specs = model_specs(args.ks)
+    specs = model_specs(args.ks, args.checkpointed_ks)
     seconds = {name: {c: [] for c in args.contexts} for name in specs}
     for context in args.contexts:
         steps = {name: update_step(build(arch, extra, args, context), args, context)
@@ -174,6 +180,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--contexts", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
     p.add_argument("--ks", type=int, nargs="+", default=[4, 16, 64])
+    p.add_argument("--checkpointed-ks", type=int, nargs="*", default=[4],
+                   help="these ks also trained with --checkpoint-activations (training only)")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--dim", type=int, default=256)
     p.add_argument("--heads", type=int, default=4)
