@@ -64,3 +64,48 @@ def test_the_lock_is_released_when_the_build_fails(tmp_path):
             raise RuntimeError("compiler exploded")
     with open(tmp_path / "build.flock", "a+") as other:
         fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises BlockingIOError if still held
+
+
+def _recording_load(monkeypatch):
+    calls = []
+
+    def load(**kwargs):
+        calls.append(kwargs)
+        return "module"
+    monkeypatch.setattr(extension_build.cpp_extension, "load", load)
+    return calls
+
+
+def _checkout(root, kernel="int f() { return 1; }"):
+    (root / "include").mkdir(parents=True)
+    (root / "kernel.cpp").write_text(kernel)
+    (root / "include" / "kernel.h").write_text("#pragma once\n")
+    return root / "kernel.cpp", root / "include"
+
+
+def test_two_checkouts_of_the_same_sources_share_one_build(tmp_path, monkeypatch):
+    """torch's build file names its sources' paths: compiled from each checkout's own path, two
+    checkouts would rebuild over each other's build in turn. Both compile the same copies."""
+    monkeypatch.setenv("FAIRSEQ_PLUGINS_CACHE", str(tmp_path / "cache"))
+    calls = _recording_load(monkeypatch)
+    builds = []
+    for checkout in ("a", "b"):
+        source, include = _checkout(tmp_path / checkout)
+        extension = Extension("test_ext", "test_ext", "tag", (source,), include_dirs=(include,))
+        assert extension.load() == "module"
+        builds.append(extension.build_directory())
+    assert builds[0] == builds[1]
+    assert calls[0] == calls[1]
+    copies = builds[0] / "src"
+    assert calls[0]["sources"] == [str(copies / "kernel.cpp")] and calls[0]["extra_include_paths"] == [str(copies)]
+    assert (copies / "kernel.h").read_text() == "#pragma once\n"
+
+
+def test_edited_sources_build_in_their_own_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAIRSEQ_PLUGINS_CACHE", str(tmp_path / "cache"))
+    _recording_load(monkeypatch)
+    old = Extension("test_ext", "test_ext", "tag", _checkout(tmp_path / "old")[:1])
+    new = Extension("test_ext", "test_ext", "tag", _checkout(tmp_path / "new", "int f() { return 2; }")[:1])
+    assert old.build_directory() != new.build_directory()
+    new.load()
+    assert (new.build_directory() / "src" / "kernel.cpp").read_text() == "int f() { return 2; }"

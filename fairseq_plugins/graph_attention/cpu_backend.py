@@ -56,16 +56,9 @@ def cpu_features() -> str:
     return f"{platform.machine()}-{hashlib.sha1(text.encode()).hexdigest()[:10]}"
 
 
-def source_digest() -> str:
-    """A short hash of the kernel source: part of the cache folder, so that two checkouts with
-    different kernels (a branch and main) each load their own build instead of rebuilding
-    over each other's."""
-    return hashlib.sha1((SOURCE_DIR / "graph_attention_cpu.cpp").read_bytes()).hexdigest()[:10]
-
-
 EXTENSION = Extension(
     "fairseq_plugins_graph_attention_cpu", "cpu_ext",
-    f"torch{torch.__version__}-{cpu_features()}-{source_digest()}",
+    f"torch{torch.__version__}-{cpu_features()}",
     (SOURCE_DIR / "graph_attention_cpu.cpp",), cflags=CXX_FLAGS, ldflags=("-fopenmp",))
 
 

@@ -5,8 +5,11 @@ Shared by the compiled backends (``cuda_backend``, ``cpu_backend``): each descri
 with an ``Extension`` and loads it from its ``prepare`` (registry), never from a check of
 whether it could run; the build goes through
 ``torch.utils.cpp_extension.load`` into ``$FAIRSEQ_PLUGINS_CACHE`` (default
-``~/.cache/fairseq_plugins``)``/<folder>/<tag>/``, the tag naming the torch build, so later
-processes reuse it and another torch rebuilds.
+``~/.cache/fairseq_plugins``)``/<folder>/<tag>-<digest>/``, the tag naming the torch build and
+the digest the sources' contents, so later processes reuse it and another torch or an edited
+kernel builds anew. The sources are compiled from a copy inside that folder: torch's build file
+names its sources' paths, so two checkouts (or a checkout and an installed wheel) compiling from
+their own paths would each see the other's build as stale and rebuild it, in turn, for ever.
 
 torch guards its build directory with a ``lock`` file that a killed build leaves behind, and
 every later load then waits on it forever, silently. So processes first take an advisory
@@ -14,12 +17,14 @@ every later load then waits on it forever, silently. So processes first take an 
 knows any ``lock`` file is stale and removes it, saying so, and whoever waits says whom for.
 """
 
+import hashlib
 import logging
+import os
 import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Dict, Iterator, Optional, Sequence
 
 from torch.utils import cpp_extension
 
@@ -74,13 +79,32 @@ class Extension:
                  cflags: Sequence[str] = (), cuda_cflags: Sequence[str] = (),
                  include_dirs: Sequence[Path] = (), ldflags: Sequence[str] = (),
                  requirement: Callable[[], Optional[str]] = lambda: None):
-        """``requirement()`` returns why the extension cannot be built here, or None."""
-        self.name, self.folder, self.tag = name, folder, tag.replace("+", "_")
+        """``sources`` are compiled; every file of ``include_dirs`` is copied beside them (the
+        headers they include). ``requirement()`` returns why the extension cannot be built
+        here, or None."""
+        self.name, self.folder = name, folder
         self.sources, self.cflags, self.cuda_cflags = tuple(sources), cflags, cuda_cflags
         self.include_dirs, self.ldflags, self.requirement = include_dirs, ldflags, requirement
+        self.tag = f"{tag}-{self.source_digest()}".replace("+", "_")
         self._lock = threading.Lock()
         self._module = None
         self._error: Optional[Exception] = None
+
+    def files(self) -> Dict[str, Path]:
+        """What the build reads, by the name it has in the build's source copy."""
+        files = {s.name: s for s in self.sources}
+        for directory in self.include_dirs:
+            for path in sorted(directory.iterdir()) if directory.is_dir() else ():
+                if path.is_file() and files.setdefault(path.name, path) != path:
+                    raise ValueError(f"{self.name}: two sources named {path.name}: {files[path.name]}, {path}")
+        return files
+
+    def source_digest(self) -> str:
+        """A short hash of the sources' names and contents (missing files hash as absent)."""
+        digest = hashlib.sha1()
+        for name, path in sorted(self.files().items()):
+            digest.update(name.encode() + b"\0" + (path.read_bytes() if path.is_file() else b"") + b"\0")
+        return digest.hexdigest()[:10]
 
     def build_directory(self) -> Path:
         return cache_root() / self.folder / self.tag
@@ -109,9 +133,22 @@ class Extension:
         directory = self.build_directory()
         directory.mkdir(parents=True, exist_ok=True)
         with build_lock(directory, self.name):
+            copies = directory / "src"
+            copies.mkdir(exist_ok=True)
+            for name, path in self.files().items():
+                _write_if_changed(copies / name, path.read_bytes())
             return cpp_extension.load(
-                name=self.name, sources=[str(s) for s in self.sources],
+                name=self.name, sources=[str(copies / s.name) for s in self.sources],
                 extra_cflags=list(self.cflags), extra_cuda_cflags=list(self.cuda_cflags),
                 extra_ldflags=list(self.ldflags),
-                extra_include_paths=[str(d) for d in self.include_dirs],
+                extra_include_paths=[str(copies)] if self.include_dirs else [],
                 build_directory=str(directory), verbose=verbose)
+
+
+def _write_if_changed(path: Path, content: bytes) -> None:
+    """Leave an identical file untouched (its time stamp is what ninja compares)."""
+    if path.is_file() and path.read_bytes() == content:
+        return
+    temporary = path.with_name(path.name + f".{os.getpid()}.tmp")
+    temporary.write_bytes(content)
+    temporary.replace(path)
