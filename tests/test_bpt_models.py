@@ -83,6 +83,37 @@ def test_out_rows_is_the_first_rows_of_a_full_layer(tmp_path, arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+def test_first_layers_project_the_equal_span_rows_once(tmp_path, monkeypatch, arch):
+    """The span nodes enter the first layers all zero: projecting one of them and repeating it
+    gives the outputs and gradients of projecting every row."""
+    from fairseq_plugins.modules.bpt import graph_self_attention
+
+    task, model = build(tmp_path, arch)
+    model.train()
+    src, prev = random_tokens(task, [9, 4], 0, left_pad=True), random_tokens(task, [7, 3], 1, left_pad=False)
+
+    def outputs_and_gradients():
+        model.zero_grad()
+        logits, _ = model(src, torch.tensor([9, 4]), prev)
+        logits.sin().sum().backward()
+        return logits.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    shortcut, used = graph_self_attention.project_rows, []
+
+    def recording(proj, x, equal_rows_from):
+        used.append(equal_rows_from)
+        return shortcut(proj, x, equal_rows_from)
+    monkeypatch.setattr(graph_self_attention, "project_rows", recording)
+    fast = outputs_and_gradients()
+    assert used.count(9) == 3 and used.count(7) == 3  # the encoder's and the decoder's first layer
+    monkeypatch.setattr(graph_self_attention, "project_rows", lambda proj, x, _: proj(x))
+    every_row = outputs_and_gradients()
+    torch.testing.assert_close(fast[0], every_row[0])
+    for a, b in zip(fast[1], every_row[1], strict=True):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_decoder_is_causal(tmp_path, arch):
     task, model = build(tmp_path, arch)
     src = random_tokens(task, [8], 0, left_pad=True)

@@ -126,7 +126,8 @@ class GraphTransformerEncoder(TransformerEncoderBase):
         for idx, layer in enumerate(self.layers):
             # the last layer's span nodes are read by nobody, unless the root is asked for
             last = idx == len(self.layers) - 1
-            x = layer(x, absent, graph, out_rows=length if last and not return_root else None)
+            x = layer(x, absent, graph, out_rows=length if last and not return_root else None,
+                      equal_rows_from=length if idx == 0 else None)  # the span nodes start equal
             if return_all_hiddens:
                 states.append(x[:length])
         if self.layer_norm is not None:
@@ -216,6 +217,7 @@ class GraphTransformerDecoder(TransformerDecoderBase):
                 self_attn_padding_mask=absent, need_attn=idx == alignment_layer,
                 need_head_weights=idx == alignment_layer, num_tokens=num_new,
                 out_rows=num_new if idx == self.num_layers - 1 else None,
+                equal_rows_from=num_new if idx == 0 and incremental_state is None else None,
             )
             inner_states.append(x[:num_new])
             if layer_attn is not None and idx == alignment_layer:

@@ -58,13 +58,14 @@ class GraphEncoderLayer(TransformerEncoderLayerBase):
     def residual_connection(self, x, residual):
         return first_rows_residual(x, residual)
 
-    def forward(self, x, encoder_padding_mask, graph, out_rows=None):
+    def forward(self, x, encoder_padding_mask, graph, out_rows=None, equal_rows_from=None):
         """x: [N, B, C] node states; encoder_padding_mask: [B, N] absent nodes; graph: the
-        ``AttentionGraph`` over the N nodes. Returns [out_rows or N, B, C]."""
+        ``AttentionGraph`` over the N nodes; ``equal_rows_from``: see ``GraphSelfAttention``.
+        Returns [out_rows or N, B, C]."""
         residual = x
         if self.normalize_before:
             x = self.self_attn_layer_norm(x)
-        x = self.self_attn(x, graph, encoder_padding_mask, out_rows=out_rows)
+        x = self.self_attn(x, graph, encoder_padding_mask, out_rows=out_rows, equal_rows_from=equal_rows_from)
         x = _sublayer_output(self, x, residual, self.self_attn_layer_norm)
         return _feed_forward(self, x)
 
@@ -94,7 +95,7 @@ class GraphDecoderLayer(TransformerDecoderLayerBase):
 
     def forward(self, x, encoder_out=None, encoder_padding_mask=None, incremental_state=None,
                 graph=None, self_attn_padding_mask=None, need_attn=False, need_head_weights=False,
-                num_tokens=None, out_rows=None):
+                num_tokens=None, out_rows=None, equal_rows_from=None):
         """x: [N, B, C] node states (or this step's new nodes), the ``num_tokens`` token nodes
         first; graph: the ``AttentionGraph`` over them (with ``incremental_state``: the
         decoding step's graph over the cache). Returns (x, cross-attention weights, None)."""
@@ -103,7 +104,7 @@ class GraphDecoderLayer(TransformerDecoderLayerBase):
         residual = x
         if self.normalize_before:
             x = self.self_attn_layer_norm(x)
-        x = self.self_attn(x, graph, self_attn_padding_mask, incremental_state, out_rows)
+        x = self.self_attn(x, graph, self_attn_padding_mask, incremental_state, out_rows, equal_rows_from)
         if self.c_attn is not None:  # fairseq's scale_heads
             rows, bsz = x.size(0), x.size(1)
             x = torch.einsum("tbhd,h->tbhd", x.view(rows, bsz, self.nh, self.head_dim), self.c_attn)
