@@ -1,7 +1,7 @@
 """A character-level language model on real English text: ``bpt_lm`` against ``transformer_lm`` of
 the same size at a long context, on CPU, with nothing to download.
 
-    python -m fairseq_plugins.recipes.lm_study --out results/lm_study   # about 10 min on 2 cores
+    python -m fairseq_plugins.recipes.lm_study --out results/lm_study   # about 7 min on a quiet 2-core CPU
     fairseq-plugins-demo --lm                                            # a smaller run, beside the demo
 
 The corpus is the Python Language Reference and library topics that every CPython ships for
@@ -211,7 +211,7 @@ def parser(defaults: Dict[str, object] = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("results") / "lm_study")
     p.add_argument("--context", type=int, default=2048, help="characters per training sequence and test block")
-    p.add_argument("--updates", type=int, default=120)
+    p.add_argument("--updates", type=int, default=360)
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds the updates are split into")
     p.add_argument("--max-tokens", type=int, default=4096, help="tokens per update")
     p.add_argument("--layers", type=int, default=2)
