@@ -19,12 +19,13 @@ import json
 import random
 import re
 import shutil
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from .common import Archive, _find, locate, log
+from .binarize import fairseq_preprocess_only_source
+from .download import Archive, find_file, locate
+from .progress import log
 
 CHECKSUM_SOURCE = "HuggingFace datasets' dataset_infos.json for this archive"
 # (url, sha256, bytes): the values of huggingface/datasets, datasets/{sst,imdb,snli}/dataset_infos.json.
@@ -206,7 +207,7 @@ def snli(raw_dir, cache_dir) -> Corpus:
 
 def _needs(raw_dir, names: Sequence[str], what: str) -> Dict[str, Path]:
     """Files the user must provide under --raw-dir; the error says what they are and where to get them."""
-    found = {name: _find(raw_dir, name) if raw_dir is not None else None for name in names}
+    found = {name: find_file(raw_dir, name) if raw_dir is not None else None for name in names}
     missing = [name for name, path in found.items() if path is None]
     if missing:
         where = f"under --raw-dir {raw_dir}" if raw_dir is not None else "(no --raw-dir given)"
@@ -315,19 +316,9 @@ def write_corpus(name: str, corpus: Corpus, out: Path, binarize: bool = True, wo
 
 
 def _preprocess(text_dir: Path, dest: Path, key: str, splits: List[str], workers: int, srcdict: Path = None):
-    exe = shutil.which("fairseq-preprocess")
-    if exe is None:
-        raise RuntimeError("fairseq-preprocess not found on PATH: install fairseq with fairseq-plugins-install-fairseq")
-    flags = {"train": "--trainpref", "valid": "--validpref", "test": "--testpref"}
     if dest.exists():
         shutil.rmtree(dest)  # a new preparation: fairseq-preprocess refuses an existing dictionary
-    cmd = [exe, "--only-source", "--destdir", str(dest), "--workers", str(max(1, workers))]
-    for split in splits:
-        cmd += [flags[split], str(text_dir / f"{split}.{key}")]
-    if srcdict is not None:
-        cmd += ["--srcdict", str(srcdict)]
-    log("running " + " ".join(cmd))
-    subprocess.run(cmd, check=True)
+    fairseq_preprocess_only_source(text_dir, dest, splits, workers, suffix=f".{key}", srcdict=srcdict)
 
 
 def prepare(name: str, raw_dir: Optional[Path], cache_dir: Path, out: Path, binarize: bool = True,
