@@ -231,34 +231,40 @@ def mtl16(domain: str) -> Callable:
     return corpus
 
 
+def _licensed_tagging_corpus(raw_dir, names: Dict[str, str], how_to_get: str, origin: str) -> Corpus:
+    """A tagging corpus whose licence forbids a download: 'word<TAB>tag' files the user puts under --raw-dir."""
+    files = _needs(raw_dir, list(names.values()), how_to_get)
+    return Corpus({split: read_conll(files[name]) for split, name in names.items()}, origin)
+
+
 def ptb_pos(raw_dir, cache_dir) -> Corpus:
     """WSJ sections 0-18 train, 19-21 dev, 22-24 test (the usual POS split), as word/tag columns."""
-    names = {"train": "ptb-pos.train", "valid": "ptb-pos.dev", "test": "ptb-pos.test"}
-    files = _needs(raw_dir, list(names.values()), (
+    return _licensed_tagging_corpus(
+        raw_dir, {"train": "ptb-pos.train", "valid": "ptb-pos.dev", "test": "ptb-pos.test"},
         "The Penn Treebank (LDC99T42) is licensed by the Linguistic Data Consortium and may not be redistributed. "
         "With a licence, convert WSJ sections 0-18 / 19-21 / 22-24 to 'word<TAB>tag' lines (blank line between "
-        "sentences) and put them under --raw-dir as ptb-pos.train, ptb-pos.dev and ptb-pos.test."))
-    return Corpus({split: read_conll(files[name]) for split, name in names.items()}, "Penn Treebank WSJ POS")
+        "sentences) and put them under --raw-dir as ptb-pos.train, ptb-pos.dev and ptb-pos.test.",
+        "Penn Treebank WSJ POS")
 
 
 def conll03(raw_dir, cache_dir) -> Corpus:
-    names = {"train": "eng.train", "valid": "eng.testa", "test": "eng.testb"}
-    files = _needs(raw_dir, list(names.values()), (
+    return _licensed_tagging_corpus(
+        raw_dir, {"train": "eng.train", "valid": "eng.testa", "test": "eng.testb"},
         "CoNLL-2003 English NER is built from the Reuters RCV1 corpus, whose licence (NIST's Reuters Corpus "
         "agreement) forbids redistribution: get RCV1 from NIST, build eng.train / eng.testa / eng.testb with the "
         "shared task's scripts (www.clips.uantwerpen.be/conll2003/ner/), and put them under --raw-dir. Tags are "
-        "scored with conlleval's rules (IOB1 files are fine)."))
-    return Corpus({split: read_conll(files[name]) for split, name in names.items()}, "CoNLL-2003 English NER")
+        "scored with conlleval's rules (IOB1 files are fine).",
+        "CoNLL-2003 English NER")
 
 
 def conll12(raw_dir, cache_dir) -> Corpus:
-    names = {"train": "conll12-ner.train", "valid": "conll12-ner.dev", "test": "conll12-ner.test"}
-    files = _needs(raw_dir, list(names.values()), (
+    return _licensed_tagging_corpus(
+        raw_dir, {"train": "conll12-ner.train", "valid": "conll12-ner.dev", "test": "conll12-ner.test"},
         "CoNLL-2012 NER comes from OntoNotes 5.0 (LDC2013T19), licensed by the Linguistic Data Consortium: with a "
         "licence, build the CoNLL-2012 English train/development/test files, convert the named-entity column to "
         "BIO 'word<TAB>tag' lines (blank line between sentences) and put them under --raw-dir as "
-        "conll12-ner.train, conll12-ner.dev and conll12-ner.test."))
-    return Corpus({split: read_conll(files[name]) for split, name in names.items()}, "CoNLL-2012 (OntoNotes 5.0) NER")
+        "conll12-ner.train, conll12-ner.dev and conll12-ner.test.",
+        "CoNLL-2012 (OntoNotes 5.0) NER")
 
 
 CORPORA: Dict[str, Callable] = {
