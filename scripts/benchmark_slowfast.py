@@ -24,7 +24,8 @@ import torch
 
 from fairseq_plugins.check_gpu.model_update import build_model, train_step
 from fairseq_plugins.recipes.data import multi30k
-from fairseq_plugins.recipes.data.common import locate, read_plain
+from fairseq_plugins.recipes.data.download import locate
+from fairseq_plugins.recipes.data.readers import read_plain
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = re.compile(r"\w+|[^\w\s]")

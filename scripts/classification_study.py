@@ -26,7 +26,7 @@ from typing import Dict, List
 
 from fairseq_plugins.recipes.config import USER_DIR
 from fairseq_plugins.recipes.data.classification import Corpus, Example, write_corpus
-from fairseq_plugins.recipes.data.common import read_plain
+from fairseq_plugins.recipes.data.readers import read_plain
 from fairseq_plugins.recipes.evaluate_classification import score_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]

@@ -127,7 +127,7 @@ def test_a_download_with_the_pinned_checksum_is_unpacked(tmp_path, monkeypatch):
     import dataclasses
 
     from fairseq_plugins.recipes.data import classification
-    from fairseq_plugins.recipes.data.common import sha256_of
+    from fairseq_plugins.recipes.data.download import sha256_of
 
     archive = _sst_archive(tmp_path / "cache")
     monkeypatch.setattr(classification, "SST", dataclasses.replace(classification.SST, sha256=sha256_of(archive)))

@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from fairseq_plugins.recipes import prepare_data
-from fairseq_plugins.recipes.data.common import (TextProcessor, keep_clean, locate, read_mteval, read_ted_tags,
-                                 Archive)
+from fairseq_plugins.recipes.data.common import keep_clean
+from fairseq_plugins.recipes.data.download import Archive, locate
+from fairseq_plugins.recipes.data.readers import read_mteval, read_ted_tags
+from fairseq_plugins.recipes.data.text_processing import TextProcessor
 
 from tests.sacrebleu_fixture import FIXTURE as SACREBLEU_FIXTURE, sacrebleu_env
 

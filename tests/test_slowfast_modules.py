@@ -8,11 +8,7 @@ import torch
 
 from fairseq.data import Dictionary
 from fairseq.models import ARCH_CONFIG_REGISTRY
-from fairseq_plugins.models.transformer_slowfast import (
-    TransformerSlowFastModel,
-    parse_interaction_layers,
-    random_word_ids,
-)
+from fairseq_plugins.models.transformer_slowfast import TransformerSlowFastModel
 from fairseq_plugins.modules.slowfast.boundary_relative_attention import (
     AddToDiagonals,
     BoundaryRelativeSelfAttention,
@@ -26,6 +22,7 @@ from fairseq_plugins.modules.slowfast.cross_granularity_fusion import (
     characters_to_subwords,
 )
 from fairseq_plugins.modules.common.length_groups import length_groups
+from fairseq_plugins.modules.slowfast.slowfast_encoder import parse_interaction_layers, random_word_ids
 from fairseq_plugins.modules.slowfast.word_graph_convolution import (
     WordGraph,
     WordGraphConvolution,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fairseq_plugins.recipes.data import wmt
-from fairseq_plugins.recipes.data.common import locate
+from fairseq_plugins.recipes.data.download import locate
 from fairseq_plugins.recipes.data.wmt_slowfast_variants import CORPORA
 from tests.sacrebleu_fixture import sacrebleu_env
 

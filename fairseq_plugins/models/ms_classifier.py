@@ -4,16 +4,17 @@ The paper's encoder layer: H <- LN(H + ReLU(MSMSA(H))) with no FFN and no absolu
 (Eq. 10), scales per layer from the alpha rule, and a [CLS] node prepended to the sentence
 (the task's ``--init-token``) joined with max-pooling over the last layer, read by a two-layer
 MLP. The encoder is the translation model's
-(:class:`~fairseq_plugins.models.ms_transformer.MultiScaleTransformerEncoder`).
+(:class:`~fairseq_plugins.modules.multiscale.multiscale_encoder_decoder.MultiScaleTransformerEncoder`).
 """
 
 from dataclasses import dataclass
 
 from fairseq.models import register_model, register_model_architecture
 
-from fairseq_plugins.models.ms_transformer import MultiScaleTransformerConfig, MultiScaleTransformerEncoder
+from fairseq_plugins.models.ms_transformer import MultiScaleTransformerConfig
 from fairseq_plugins.models.sentence_defaults import classifier_defaults
 from fairseq_plugins.models.sentence_encoder_model import ClassifierOptions, SentenceEncoderModel
+from fairseq_plugins.modules.multiscale.multiscale_encoder_decoder import MultiScaleTransformerEncoder
 
 
 @dataclass
@@ -27,8 +28,6 @@ class MultiScaleClassifierModel(SentenceEncoderModel):
 
     @classmethod
     def build_encoder(cls, cfg, dictionary, embed_tokens):
-        if not cfg.scale_candidates:
-            raise ValueError("--scale-candidates is empty: give the candidate scales")
         return MultiScaleTransformerEncoder(cfg, dictionary, embed_tokens)
 
 

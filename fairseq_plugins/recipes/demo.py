@@ -37,7 +37,8 @@ from typing import Dict, List, Optional
 import yaml
 
 from .config import CONFIG_DIR, USER_DIR, to_flags
-from .data.common import DEFAULT_CACHE, prepare
+from .data.common import prepare
+from .data.download import DEFAULT_CACHE
 from .data.multi30k import multi30k_en_de
 from .demo_progress import DemoProgress, clock
 from .evaluate import generate, score

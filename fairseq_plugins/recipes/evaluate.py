@@ -29,7 +29,7 @@ from typing import Dict, List, Optional
 
 from . import evaluate_classification
 from .config import generate_flags, load_config, run_key, seed_configs, target_context
-from .data.common import unsegment_chinese
+from .data.text_processing import unsegment_chinese
 from .train import default_data_dir, local_devices
 
 

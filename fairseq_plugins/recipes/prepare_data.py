@@ -19,7 +19,9 @@ import sys
 from pathlib import Path
 
 from .data import classification, iwslt, language_modeling, multi30k, wmt, wmt_slowfast_variants
-from .data.common import DEFAULT_CACHE, ZH_SEGMENTATIONS, prepare
+from .data.common import prepare
+from .data.download import DEFAULT_CACHE
+from .data.text_processing import ZH_SEGMENTATIONS
 
 CORPORA = {**wmt.CORPORA, **wmt_slowfast_variants.CORPORA, **iwslt.CORPORA, **multi30k.CORPORA,
            **classification.CORPORA}

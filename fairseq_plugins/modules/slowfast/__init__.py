@@ -1,2 +1,2 @@
-"""TranSFormer (slow-fast): the character-level fast branch, its GCNs and relative PE, and the
-fusion with the slow branch."""
+"""TranSFormer (slow-fast): the two-branch encoder, its character-level fast branch, the GCNs and
+relative PE, and the fusion between the branches."""

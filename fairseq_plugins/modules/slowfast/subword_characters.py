@@ -23,6 +23,7 @@ from typing import List, NamedTuple, Optional, Sequence
 import torch
 from torch import nn
 
+SUBWORD_STYLES = ("auto", "bpe", "sentencepiece")  # auto: detected from the dictionary
 BPE_CONTINUATION = "@@"
 SENTENCEPIECE_WORD_START = "\u2581"
 
@@ -73,7 +74,7 @@ class SubwordCharacterTable(nn.Module):
         if style == "auto":
             style = detect_subword_style(symbols[dictionary.nspecial:])
         if style not in ("bpe", "sentencepiece"):
-            raise ValueError(f"unknown subword style {style!r}: use auto, bpe or sentencepiece")
+            raise ValueError(f"unknown subword style {style!r}: use {', '.join(SUBWORD_STYLES)}")
         if max_characters is not None and max_characters < 1:
             raise ValueError(f"max_characters must be positive, got {max_characters}")
         self.style = style

@@ -19,12 +19,13 @@ import json
 import random
 import re
 import shutil
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from .common import Archive, _find, locate, log
+from .binarize import fairseq_preprocess_only_source
+from .download import Archive, find_file, locate
+from .progress import log
 
 CHECKSUM_SOURCE = "HuggingFace datasets' dataset_infos.json for this archive"
 # (url, sha256, bytes): the values of huggingface/datasets, datasets/{sst,imdb,snli}/dataset_infos.json.
@@ -206,7 +207,7 @@ def snli(raw_dir, cache_dir) -> Corpus:
 
 def _needs(raw_dir, names: Sequence[str], what: str) -> Dict[str, Path]:
     """Files the user must provide under --raw-dir; the error says what they are and where to get them."""
-    found = {name: _find(raw_dir, name) if raw_dir is not None else None for name in names}
+    found = {name: find_file(raw_dir, name) if raw_dir is not None else None for name in names}
     missing = [name for name, path in found.items() if path is None]
     if missing:
         where = f"under --raw-dir {raw_dir}" if raw_dir is not None else "(no --raw-dir given)"
@@ -230,34 +231,40 @@ def mtl16(domain: str) -> Callable:
     return corpus
 
 
+def _licensed_tagging_corpus(raw_dir, names: Dict[str, str], how_to_get: str, origin: str) -> Corpus:
+    """A tagging corpus whose licence forbids a download: 'word<TAB>tag' files the user puts under --raw-dir."""
+    files = _needs(raw_dir, list(names.values()), how_to_get)
+    return Corpus({split: read_conll(files[name]) for split, name in names.items()}, origin)
+
+
 def ptb_pos(raw_dir, cache_dir) -> Corpus:
     """WSJ sections 0-18 train, 19-21 dev, 22-24 test (the usual POS split), as word/tag columns."""
-    names = {"train": "ptb-pos.train", "valid": "ptb-pos.dev", "test": "ptb-pos.test"}
-    files = _needs(raw_dir, list(names.values()), (
+    return _licensed_tagging_corpus(
+        raw_dir, {"train": "ptb-pos.train", "valid": "ptb-pos.dev", "test": "ptb-pos.test"},
         "The Penn Treebank (LDC99T42) is licensed by the Linguistic Data Consortium and may not be redistributed. "
         "With a licence, convert WSJ sections 0-18 / 19-21 / 22-24 to 'word<TAB>tag' lines (blank line between "
-        "sentences) and put them under --raw-dir as ptb-pos.train, ptb-pos.dev and ptb-pos.test."))
-    return Corpus({split: read_conll(files[name]) for split, name in names.items()}, "Penn Treebank WSJ POS")
+        "sentences) and put them under --raw-dir as ptb-pos.train, ptb-pos.dev and ptb-pos.test.",
+        "Penn Treebank WSJ POS")
 
 
 def conll03(raw_dir, cache_dir) -> Corpus:
-    names = {"train": "eng.train", "valid": "eng.testa", "test": "eng.testb"}
-    files = _needs(raw_dir, list(names.values()), (
+    return _licensed_tagging_corpus(
+        raw_dir, {"train": "eng.train", "valid": "eng.testa", "test": "eng.testb"},
         "CoNLL-2003 English NER is built from the Reuters RCV1 corpus, whose licence (NIST's Reuters Corpus "
         "agreement) forbids redistribution: get RCV1 from NIST, build eng.train / eng.testa / eng.testb with the "
         "shared task's scripts (www.clips.uantwerpen.be/conll2003/ner/), and put them under --raw-dir. Tags are "
-        "scored with conlleval's rules (IOB1 files are fine)."))
-    return Corpus({split: read_conll(files[name]) for split, name in names.items()}, "CoNLL-2003 English NER")
+        "scored with conlleval's rules (IOB1 files are fine).",
+        "CoNLL-2003 English NER")
 
 
 def conll12(raw_dir, cache_dir) -> Corpus:
-    names = {"train": "conll12-ner.train", "valid": "conll12-ner.dev", "test": "conll12-ner.test"}
-    files = _needs(raw_dir, list(names.values()), (
+    return _licensed_tagging_corpus(
+        raw_dir, {"train": "conll12-ner.train", "valid": "conll12-ner.dev", "test": "conll12-ner.test"},
         "CoNLL-2012 NER comes from OntoNotes 5.0 (LDC2013T19), licensed by the Linguistic Data Consortium: with a "
         "licence, build the CoNLL-2012 English train/development/test files, convert the named-entity column to "
         "BIO 'word<TAB>tag' lines (blank line between sentences) and put them under --raw-dir as "
-        "conll12-ner.train, conll12-ner.dev and conll12-ner.test."))
-    return Corpus({split: read_conll(files[name]) for split, name in names.items()}, "CoNLL-2012 (OntoNotes 5.0) NER")
+        "conll12-ner.train, conll12-ner.dev and conll12-ner.test.",
+        "CoNLL-2012 (OntoNotes 5.0) NER")
 
 
 CORPORA: Dict[str, Callable] = {
@@ -315,19 +322,9 @@ def write_corpus(name: str, corpus: Corpus, out: Path, binarize: bool = True, wo
 
 
 def _preprocess(text_dir: Path, dest: Path, key: str, splits: List[str], workers: int, srcdict: Path = None):
-    exe = shutil.which("fairseq-preprocess")
-    if exe is None:
-        raise RuntimeError("fairseq-preprocess not found on PATH: install fairseq with fairseq-plugins-install-fairseq")
-    flags = {"train": "--trainpref", "valid": "--validpref", "test": "--testpref"}
     if dest.exists():
         shutil.rmtree(dest)  # a new preparation: fairseq-preprocess refuses an existing dictionary
-    cmd = [exe, "--only-source", "--destdir", str(dest), "--workers", str(max(1, workers))]
-    for split in splits:
-        cmd += [flags[split], str(text_dir / f"{split}.{key}")]
-    if srcdict is not None:
-        cmd += ["--srcdict", str(srcdict)]
-    log("running " + " ".join(cmd))
-    subprocess.run(cmd, check=True)
+    fairseq_preprocess_only_source(text_dir, dest, splits, workers, suffix=f".{key}", srcdict=srcdict)
 
 
 def prepare(name: str, raw_dir: Optional[Path], cache_dir: Path, out: Path, binarize: bool = True,

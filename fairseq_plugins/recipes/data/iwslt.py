@@ -10,7 +10,9 @@ Raw format (WIT3): training text in ``train.tags.{pair}.{lang}`` (plain lines be
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from .common import Archive, Recipe, Split, locate, parallel_docs, read_mteval, read_ted_tags
+from .common import Recipe, Split
+from .download import Archive, locate
+from .readers import parallel_docs, read_mteval, read_ted_tags
 
 IWSLT14_DE_EN_SETS = ["TED.dev2010", "TEDX.dev2012", "TED.tst2010", "TED.tst2011", "TED.tst2012"]
 IWSLT14_DE_EN = Archive(

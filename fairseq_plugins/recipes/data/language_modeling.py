@@ -26,7 +26,9 @@ import json
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
-from .common import Archive, fairseq_preprocess_only_source, locate, log
+from .binarize import fairseq_preprocess_only_source
+from .download import Archive, locate
+from .progress import log
 
 ENWIK8 = Archive("http://mattmahoney.net/dc/enwik8.zip", ["enwik8"],
                  sha256="547994d9980ebed1288380d652999f38a14fe291a6247c157c3d33d4932534bc")

@@ -7,7 +7,9 @@ github.com/multi30k/dataset (data/task1/raw) or a local copy with the same names
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .common import Archive, Recipe, Split, locate, read_plain
+from .common import Recipe, Split
+from .download import Archive, locate
+from .readers import read_plain
 
 RAW_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw"
 SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr"}

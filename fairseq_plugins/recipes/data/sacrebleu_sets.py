@@ -10,7 +10,8 @@ filled beforehand (copy ``~/.sacrebleu`` from a machine that has run ``sacrebleu
 
 from typing import Dict
 
-from .common import Split, read_plain
+from .common import Split
+from .readers import read_plain
 
 
 def sacrebleu_split(test_set: str, langpair: str) -> Split:

@@ -7,7 +7,9 @@ come from sacrebleu's built-in test sets (``.sacrebleu_sets``), with their docum
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
-from .common import Archive, Recipe, Split, locate, read_plain
+from .common import Recipe, Split
+from .download import Archive, locate
+from .readers import read_plain
 from .sacrebleu_sets import sacrebleu_split
 
 STATMT = "http://www.statmt.org"

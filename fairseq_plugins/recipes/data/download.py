@@ -1,0 +1,129 @@
+"""Raw files of a corpus: found under a user's ``--raw-dir``, or downloaded once into a cache,
+checked against the published sha256 and unpacked there (``locate``)."""
+
+import gzip
+import hashlib
+import shutil
+import tarfile
+import urllib.request
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from .progress import Progress, log
+
+DEFAULT_CACHE = Path.home() / ".cache" / "fairseq_plugins" / "raw"
+
+
+@dataclass
+class Archive:
+    """A public download and the basenames of the files the corpus needs from it."""
+
+    url: str
+    members: Sequence[str]
+    sha256: Optional[str] = None  # of the archive as downloaded; checked before it is unpacked
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _check_sha256(path: Path, expected: Optional[str]) -> None:
+    if expected is not None and sha256_of(path) != expected:
+        raise ValueError(f"{path}: sha256 {sha256_of(path)} is not the published {expected}: the download is "
+                         f"damaged or not the expected file; delete it and run again")
+
+
+def _download(url: str, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_suffix(dest.suffix + ".part")
+    log(f"downloading {url}")
+    with urllib.request.urlopen(url) as resp, open(tmp, "wb") as fh, Progress(
+        int(resp.headers.get("Content-Length") or 0) or None, dest.name, unit="B", unit_scale=True
+    ) as bar:
+        while chunk := resp.read(1 << 20):
+            fh.write(chunk)
+            bar.update(len(chunk))
+    tmp.rename(dest)
+
+
+def _extract(archive: Path, into: Path) -> None:
+    """Unpack .tgz/.tar.gz/.tar/.zip, gunzip a single .gz, or copy a plain .txt into ``into``."""
+    into.mkdir(parents=True, exist_ok=True)
+    name = archive.name
+    log(f"extracting {name}")
+    if name.endswith((".tgz", ".tar.gz", ".tar")):
+        with tarfile.open(archive) as tar:
+            tar.extractall(into, filter="data")
+    elif name.endswith(".zip"):
+        with zipfile.ZipFile(archive) as zf:
+            zf.extractall(into)
+    elif name.endswith(".gz"):
+        with gzip.open(archive, "rb") as src, open(into / name[: -len(".gz")], "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    elif name.endswith(".txt"):  # a plain file downloaded as it is (PTB)
+        shutil.copyfile(archive, into / name)
+    else:
+        raise ValueError(f"don't know how to unpack {archive}")
+
+
+def _archive_filename(url: str) -> str:
+    return url.rstrip("/").split("/")[-1].split("?")[0]
+
+
+def find_file(root: Path, basename: str) -> Optional[Path]:
+    """A file called ``basename`` (or ``basename.gz``) anywhere under ``root``."""
+    if not root.is_dir():
+        return None
+    for candidate in (basename, basename + ".gz"):
+        hits = sorted(p for p in root.rglob(candidate) if p.is_file())
+        if hits:
+            return hits[0]
+    return None
+
+
+def locate(
+    archives: Sequence[Archive], raw_dir: Optional[Path], cache_dir: Path = DEFAULT_CACHE
+) -> Dict[str, Path]:
+    """Map every member basename of ``archives`` to a file on disk.
+
+    With ``raw_dir`` the files (or the archives themselves, still packed) must be under
+    it: nothing is downloaded. Without it each archive is downloaded into ``cache_dir``
+    once and unpacked there. An archive with a published ``sha256`` is checked before it is
+    unpacked.
+    """
+    found: Dict[str, Path] = {}
+    missing: List[str] = []
+    for arc in archives:
+        packed_name = _archive_filename(arc.url)
+        unpacked = cache_dir / (packed_name + ".d")
+
+        def lookup(member, unpacked=unpacked):
+            return (find_file(raw_dir, member) if raw_dir is not None else None) or find_file(unpacked, member)
+
+        paths = {m: lookup(m) for m in arc.members}
+        if not all(paths.values()):
+            if raw_dir is not None:
+                packed = find_file(raw_dir, packed_name)
+            else:
+                packed = cache_dir / packed_name
+                if not packed.exists():
+                    _download(arc.url, packed)
+            if packed is not None:
+                _check_sha256(packed, arc.sha256)
+                _extract(packed, unpacked)
+                paths = {m: lookup(m) for m in arc.members}
+        for member, path in paths.items():
+            if path is None:
+                missing.append(f"{member} (from {arc.url})")
+            else:
+                found[member] = path
+    if missing:
+        where = f"under {raw_dir}" if raw_dir is not None else f"in the downloads in {cache_dir}"
+        raise FileNotFoundError(f"raw files not found {where}:\n  " + "\n  ".join(missing))
+    return found
