@@ -384,3 +384,9 @@ def test_vanilla_relative_pe_relates_characters_across_words():
     assert not torch.allclose(word.encoder(several)["encoder_out"][0], window.encoder(several)["encoder_out"][0])
     with pytest.raises(ValueError, match="--boundary-pe-scope 'sentence': choose from word, window"):
         build_model(d, boundary_pe_scope="sentence")
+
+
+def test_activation_checkpointing_is_refused_not_ignored():
+    """The encoder runs its layers in parts, past any wrapper of their forward."""
+    with pytest.raises(ValueError, match="not supported by the Slow-Fast encoder"):
+        build_model(_dictionary(), checkpoint_activations=True)

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from .config import USER_DIR
-from .data.common import fairseq_preprocess_only_source
+from .data.binarize import fairseq_preprocess_only_source
 from .data.language_modeling import SPLITS, split_heldout
 from .evaluate_lm import parse as parse_eval_lm
 from .train_log import model_params, progress

@@ -259,6 +259,11 @@ class SlowFastEncoder(TransformerEncoderBase):
         if cfg.no_slow_branch and (cfg.no_fast_branch or cfg.slowfast_encoder_output != "fast"):
             raise ValueError("--no-slow-branch leaves only the fast branch: it needs the fast branch (no "
                              "--no-fast-branch) and --slowfast-encoder-output fast (its architectures' default)")
+        if cfg.checkpoint_activations or cfg.offload_activations:
+            # fairseq's checkpointing wraps a layer's forward; these layers run in parts between
+            # the branches' fusions, so a wrapper would be silently skipped
+            raise ValueError("--checkpoint-activations/--offload-activations are not supported by the Slow-Fast "
+                             "encoder (its layers run in parts between the two branches' fusions)")
 
     def build_encoder_layer(self, cfg):
         return SlowFastEncoderLayer(cfg, use_word_graph=not cfg.no_slow_word_graph)

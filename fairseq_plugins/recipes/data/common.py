@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from .binarize import fairseq_preprocess
-from .binarize import fairseq_preprocess_only_source  # noqa: F401 (recipes/lm_study.py imports it from here)
 from .bpe import apply_bpe, init_bpe, learn_bpe
 from .progress import log, map_lines
 from .text_processing import TextProcessor, strip_romanian
