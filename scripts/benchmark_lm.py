@@ -95,8 +95,9 @@ def peak_growth(name, args, context) -> float:
 
 
 def common_flags(args):
-    return ["--ks", *map(str, args.ks), "--checkpointed-ks", *map(str, args.checkpointed_ks), "--layers", str(args.layers), "--dim", str(args.dim), "--heads",
-            str(args.heads), "--tokens", str(args.tokens), "--threads", str(args.threads), "--backend", args.backend]
+    return ["--ks", *map(str, args.ks), "--checkpointed-ks", *map(str, args.checkpointed_ks),
+            "--layers", str(args.layers), "--dim", str(args.dim), "--heads", str(args.heads),
+            "--tokens", str(args.tokens), "--threads", str(args.threads), "--backend", args.backend]
 
 
 def time_updates(args):

@@ -149,7 +149,7 @@ def span_floor(baseline_split: Dict[str, float], split: Dict[str, float], model,
     """The span-row floor of a BPT/SegTree model (None for models without span nodes) and how far
     ``split`` (the model's median profile) is above it; ``baseline_split``: the transformer's."""
     from fairseq_plugins.graphs.binary_partition import tree_level_sizes
-    from fairseq_plugins.models.bpt_transformer import GraphTransformerDecoder, GraphTransformerEncoder
+    from fairseq_plugins.modules.bpt.graph_transformer import GraphTransformerDecoder, GraphTransformerEncoder
 
     lengths = {"encoder": batch["src_lengths"].tolist(), "decoder": batch["target"].ne(pad).sum(1).tolist()}
     padded = {"encoder": batch["src_tokens"].numel(), "decoder": batch["target"].numel()}

@@ -157,7 +157,7 @@ def test_reorder_encoder_out(tmp_path):
 
 def test_graph_on_one_side_only(tmp_path):
     from fairseq.models.transformer import TransformerDecoderBase
-    from fairseq_plugins.models.bpt_transformer import GraphTransformerDecoder
+    from fairseq_plugins.modules.bpt.graph_transformer import GraphTransformerDecoder
     _, model = build(tmp_path, "bpt_transformer", ["--graph-sides", "encoder"])
     assert not isinstance(model.decoder, GraphTransformerDecoder)
     assert isinstance(model.decoder, TransformerDecoderBase)

@@ -4,8 +4,9 @@
 Warnings are errors for our code (torch's headers are system includes), and so are register
 spills; static shared memory stays within the 48 KiB a kernel may use without opting in. The
 kernels are warp-per-row gathers on FMAs and shuffles, with no tensor-core instructions
-(docs/cuda_ext.md says why; the Triton backend is the tensor-core path). Torch's CPU wheel ships the ATen/cuda and c10/cuda headers except one generated
-one-line header, which is recreated here when missing.
+(docs/cuda_ext.md says why; the Triton backend is the tensor-core path). Torch's CPU wheel
+ships the ATen/cuda and c10/cuda headers except one generated one-line header, which is
+recreated here when missing.
 """
 
 import re

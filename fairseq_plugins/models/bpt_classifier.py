@@ -3,7 +3,7 @@
 Both papers take "the representation of the root node in the final layer" for text
 classification (BPT sec. 3, SegTree sec. 2; BPT's original code reads the root too, through
 dropout and one linear layer). The encoder is the translation model's
-(:class:`~fairseq_plugins.models.bpt_transformer.GraphTransformerEncoder`), tokens without
+(:class:`~fairseq_plugins.modules.bpt.graph_transformer.GraphTransformerEncoder`), tokens without
 absolute positions (order from the tree's relative positions), as in the papers.
 """
 
@@ -11,11 +11,10 @@ from dataclasses import dataclass
 
 from fairseq.models import register_model, register_model_architecture
 
-from fairseq_plugins.models.bpt_transformer import (
-    GraphTransformerConfig, GraphTransformerEncoder, validate_graph_options,
-)
+from fairseq_plugins.models.bpt_transformer import GraphTransformerConfig, validate_graph_options
 from fairseq_plugins.models.sentence_defaults import classifier_defaults
 from fairseq_plugins.models.sentence_encoder_model import ClassifierOptions, SentenceEncoderModel
+from fairseq_plugins.modules.bpt.graph_transformer import GraphTransformerEncoder
 
 
 @dataclass

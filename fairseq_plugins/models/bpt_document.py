@@ -13,13 +13,9 @@ from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer.transformer_legacy import base_architecture
 
 from fairseq_plugins.graphs.binary_partition import node_levels
-from fairseq_plugins.models.bpt_transformer import (
-    BPTTransformerModel,
-    GraphTransformerDecoder,
-    GraphTransformerEncoder,
-    graph_defaults,
-)
+from fairseq_plugins.models.bpt_transformer import BPTTransformerModel, graph_defaults
 from fairseq_plugins.models.transformer_document import DocumentTransformerDecoder, DocumentTransformerEncoder
+from fairseq_plugins.modules.bpt.graph_transformer import GraphTransformerDecoder, GraphTransformerEncoder
 from fairseq_plugins.modules.document.sentence_aligned_attention import SentenceAlignedDecoderMixin
 
 

@@ -13,11 +13,10 @@ from fairseq.utils import safe_getattr
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer_lm import TransformerLanguageModel, TransformerLanguageModelConfig, base_lm_architecture
 
-from fairseq_plugins.models.bpt_transformer import (
-    GraphTransformerConfig, GraphTransformerDecoder, graph_defaults, validate_graph_options,
-)
+from fairseq_plugins.models.bpt_transformer import GraphTransformerConfig, graph_defaults, validate_graph_options
 from fairseq_plugins.models.model_options import add_config_args, config_with_options, lm_max_positions
 from fairseq_plugins.models.plugin_model import PluginModel
+from fairseq_plugins.modules.bpt.graph_transformer import GraphTransformerDecoder
 
 # the graph options that mean something without an encoder
 LM_GRAPH_OPTIONS = ("graph_k", "graph_rel_clip", "graph_token_positions", "graph_attention_backend")
