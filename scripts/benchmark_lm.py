@@ -26,63 +26,24 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import List
 
 import torch
 
+from fairseq_plugins.check_gpu.lm_update import VOCAB, build_lm, lm_specs, lm_update_step
 from scripts.benchmark_graph_attention import machine_line, reset_peak_rss, rss_mb
 
-VOCAB = 256  # bytes
-
-
-def model_specs(ks, checkpointed_ks=()):
-    """name -> (arch, options); ``checkpointed_ks``: BPT also with ``--checkpoint-activations``
-    (each layer's activations recomputed in the backward: memory for time)."""
-    return {"transformer_lm": ("transformer_lm", ["--decoder-normalize-before"]),
-            **{f"bpt_lm k{k}": ("bpt_lm", ["--graph-k", str(k)]) for k in ks},
-            **{f"bpt_lm k{k} checkpointed": ("bpt_lm", ["--graph-k", str(k), "--checkpoint-activations"])
-               for k in checkpointed_ks}}
 
 
 def build(arch, extra, args, context):
-    import fairseq_plugins.models  # noqa: F401 (registers the plugin's models)
-    from fairseq import options, tasks
-
-    data = Path(tempfile.mkdtemp())
-    (data / "dict.txt").write_text("".join(f"{b} 1\n" for b in range(VOCAB)))
-    parsed = options.parse_args_and_arch(options.get_training_parser(), [
-        str(data), "--task", "language_modeling", "--arch", arch, "--tokens-per-sample", str(context),
-        "--decoder-layers", str(args.layers), "--decoder-embed-dim", str(args.dim),
-        "--decoder-input-dim", str(args.dim), "--decoder-output-dim", str(args.dim),
-        "--decoder-ffn-embed-dim", str(4 * args.dim), "--decoder-attention-heads", str(args.heads),
-        "--dropout", "0", "--graph-attention-backend" if arch == "bpt_lm" else "--dropout",
-        args.backend if arch == "bpt_lm" else "0", *extra])
-    task = tasks.setup_task(parsed)
-    torch.manual_seed(0)
-    return task.build_model(parsed)
-
-
-def update_step(model, args, context):
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-    gen = torch.Generator().manual_seed(context)
-    batch = torch.randint(4, 4 + VOCAB, (max(1, args.tokens // context), context + 1), generator=gen)
-
-    def step():
-        model.train()
-        optimizer.zero_grad()
-        logits, _ = model(batch[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
-        loss.backward()
-        optimizer.step()
-    return step
+    return build_lm(arch, extra, args.layers, args.dim, args.heads, context, args.backend)
 
 
 def memory_worker(name, args, context) -> float:
-    arch, extra = model_specs(args.ks, args.checkpointed_ks)[name]
-    step = update_step(build(arch, extra, args, context), args, context)
+    arch, extra = lm_specs(args.ks, args.checkpointed_ks)[name]
+    step = lm_update_step(build(arch, extra, args, context), args.tokens, context)
     base = rss_mb("VmRSS") if reset_peak_rss() else rss_mb()
     step()
     return rss_mb() - base
@@ -101,10 +62,10 @@ def common_flags(args):
 
 
 def time_updates(args):
-    specs = model_specs(args.ks, args.checkpointed_ks)
+    specs = lm_specs(args.ks, args.checkpointed_ks)
     seconds = {name: {c: [] for c in args.contexts} for name in specs}
     for context in args.contexts:
-        steps = {name: update_step(build(arch, extra, args, context), args, context)
+        steps = {name: lm_update_step(build(arch, extra, args, context), args.tokens, context)
                  for name, (arch, extra) in specs.items()}
         for round_ in range(args.rounds + 1):
             for name, step in steps.items():
@@ -120,7 +81,7 @@ def time_updates(args):
 @torch.no_grad()
 def sampling_seconds_per_token(args):
     out = {}
-    for name, (arch, extra) in model_specs(args.ks).items():
+    for name, (arch, extra) in lm_specs(args.ks).items():
         model = build(arch, extra, args, max(args.prefixes) + 1).eval()
         tokens = torch.randint(4, 4 + VOCAB, (1, max(args.prefixes)), generator=torch.Generator().manual_seed(1))
         state, times = {}, {}

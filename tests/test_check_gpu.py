@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fairseq_plugins.check_gpu import command, kernel_checks, model_update, op_benchmark, runner
+from fairseq_plugins.check_gpu import command, kernel_checks, lm_update, model_update, op_benchmark, runner
 from fairseq_plugins.check_gpu.cases import TILED_GRAPHS
 from fairseq_plugins.graph_attention import graph_attention, register_backend, registry
 from fairseq_plugins.graphs.binary_partition import bpt_graph
@@ -23,6 +23,8 @@ TINY_BENCHMARK = ["--lengths", "16", "40", "--ks", "1", "2", "--tokens", "64", "
                   "--head-dim", "16", "--dtype", "float32", "--iters", "2", "--warmup", "1"]
 TINY_UPDATE = ["--size", "tiny", "--tokens", "64", "--length", "8", "--vocab", "50",
                "--updates", "1", "--dtype", "float32"]
+TINY_LM = ["--contexts", "16", "32", "--ks", "2", "--checkpointed-ks", "2", "--layers", "1", "--dim", "16",
+           "--heads", "2", "--tokens", "64", "--updates", "1", "--dtype", "float32", "--backend", "torch"]
 
 
 def args_for(*argv):
@@ -51,7 +53,7 @@ def test_plan_runs_each_group_in_its_own_process_and_sanitizes_triton_and_cuda(t
     names = [s.name for s in steps]
     assert names == ["tests: triton", "tests: cuda", "tests: flex", "tests: torch", "tests: auto",
                      "compute-sanitizer memcheck: triton", "compute-sanitizer memcheck: cuda",
-                     "op benchmark", "model update"]
+                     "op benchmark", "model update", "language-model update"]
     assert all(s.command and s.timeout_s > 0 for s in steps)
     triton = steps[0]
     assert triton.command[-2:] == ["--pyargs", "fairseq_plugins.check_gpu.gpu_tests.test_backend"]
@@ -68,6 +70,8 @@ def test_plan_runs_each_group_in_its_own_process_and_sanitizes_triton_and_cuda(t
     op = steps[7].command
     assert op[2] == "fairseq_plugins.check_gpu.op_benchmark" and "cuda" in op
     assert op[op.index("--out") + 1] == str(tmp_path / "op_benchmark.json")
+    lm = steps[9].command
+    assert lm[2] == "fairseq_plugins.check_gpu.lm_update" and lm[lm.index("--device") + 1] == "cuda"
 
 
 def test_without_nvcc_or_sanitizer_their_steps_are_skipped_with_the_reason(tmp_path):
@@ -77,7 +81,8 @@ def test_without_nvcc_or_sanitizer_their_steps_are_skipped_with_the_reason(tmp_p
     for group in ("triton", "cuda"):
         skipped = steps[f"compute-sanitizer memcheck: {group}"]
         assert skipped.command is None and "compute-sanitizer not found" in skipped.skip_reason
-    assert steps["op benchmark"].command is None and steps["op benchmark"].skip_reason == "--benchmark none"
+    for name in command.BENCHMARK_STEPS:
+        assert steps[name].command is None and steps[name].skip_reason == "--benchmark none"
     quick = command.plan(args_for("--benchmark", "quick"), None, None, tmp_path)
     op = next(s for s in quick if s.name == "op benchmark").command
     assert "cuda" not in op[op.index("--backends"):] and "8192" in op
@@ -379,18 +384,44 @@ def test_the_whole_command_on_the_cpu(tmp_path, capsys):
             "--out", str(tmp_path / "out"), *[f"--benchmark-option={o}" for o in TINY_BENCHMARK],
             "--benchmark-option=--backends", "--benchmark-option=sdpa", "--benchmark-option=torch",
             *[f"--update-option={o}" for o in TINY_UPDATE],
-            "--update-option=--models", "--update-option=transformer", "--update-option=segtree"]
+            "--update-option=--models", "--update-option=transformer", "--update-option=segtree",
+            *[f"--lm-option={o}" for o in TINY_LM]]
     assert command.main(argv) == 0
     console = capsys.readouterr().out
-    assert "[1/3] tests: torch: running" in console and "case 4/4 (n 40, k 2) done" in console
+    assert "[1/4] tests: torch: running" in console and "case 4/4 (n 40, k 2) done" in console
     stem = command.report_stem("none")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [f"{stem}.json", f"{stem}.md",
                                                                     f"{stem}_logs"]
     data = json.loads((tmp_path / "out" / f"{stem}.json").read_text())
-    assert data["passed"] and [s["status"] for s in data["steps"]] == ["passed"] * 3
+    assert data["passed"] and [s["status"] for s in data["steps"]] == ["passed"] * 4
     assert data["op_benchmark"]["cases"][0]["rows"][0]["backend"] == "sdpa"
     assert set(data["model_update"]["results"]) == {"transformer", "segtree"}
+    assert set(data["lm_update"]["results"]) == {"transformer_lm", "bpt_lm k2", "bpt_lm k2 checkpointed"}
     for step in data["steps"]:
         assert (tmp_path / "out" / step["log"]).read_text().startswith("$ ")
     report = (tmp_path / "out" / f"{stem}.md").read_text()
     assert "## Graph attention per op" in report and "## One training update per model" in report
+    assert "## Language models at long context" in report and "| bpt_lm k2 checkpointed | 32 |" in report
+
+
+def test_lm_update_reports_a_failing_model_and_times_the_others(tmp_path, monkeypatch):
+    """A model that fails at one context (out of memory, say) is reported there; the others,
+    and its other contexts, are timed."""
+    real = lm_update.lm_update_step
+
+    def failing_at_32(model, tokens, context, autocast_dtype=None):
+        step = real(model, tokens, context, autocast_dtype)
+        is_bpt = hasattr(model.decoder, "_spec")
+        if is_bpt and context == 32:
+            def step():
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB")
+        return step
+    monkeypatch.setattr(lm_update, "lm_update_step", failing_at_32)
+    out = tmp_path / "lm.json"
+    assert lm_update.main(["--out", str(out), "--device", "cpu", *TINY_LM, "--checkpointed-ks"]) == 1
+    results = json.loads(out.read_text())["results"]
+    assert results["transformer_lm"]["32"]["status"] == "ok" and results["bpt_lm k2"]["16"]["status"] == "ok"
+    assert results["bpt_lm k2"]["32"]["status"].startswith("OutOfMemoryError: CUDA out of memory")
+    assert results["bpt_lm k2"]["16"]["tokens_per_second"] > 0
+    table = lm_update.markdown(json.loads(out.read_text()))
+    assert "| bpt_lm k2 | 32 | - |" in table and "| transformer_lm | 32 |" in table

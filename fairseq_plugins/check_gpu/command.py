@@ -13,7 +13,9 @@ Steps, each in its own process with a timeout and its whole output in a log:
 3. the op benchmark (``op_benchmark``): forward and backward, dropout off and on, against
    SDPA (FlashAttention), FlexAttention and the torch backend, with a profiler split and the
    error against float64;
-4. one training update of each model against the transformer (``model_update``).
+4. one training update of each model against the transformer (``model_update``);
+5. one training update of ``bpt_lm`` against ``transformer_lm`` at contexts up to 16,384
+   (``lm_update``), the long-context workload BPT was built for.
 
 Writes ``gpu_check_<gpu>_<date>.md`` and ``.json`` and the logs folder beside them, in
 ``--out`` (default: ``benchmarks/`` of the checkout the command runs in, else the current
@@ -34,6 +36,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from fairseq_plugins.check_gpu.lm_update import markdown as lm_markdown
 from fairseq_plugins.check_gpu.model_update import markdown as update_markdown
 from fairseq_plugins.check_gpu.op_benchmark import markdown as benchmark_markdown
 from fairseq_plugins.check_gpu.runner import Progress, Step, StepResult, python_env, run_step
@@ -49,10 +52,12 @@ TEST_GROUPS = {  # group: (test module, backend, timeout s, estimate s)
 }
 SANITIZED = ("triton", "cuda")
 SANITIZER_TIMEOUT_S, SANITIZER_ESTIMATE_S = 3600, 1200
-BENCHMARKS = {  # preset: op benchmark options, model update options, estimate s, timeout s
-    "full": ([], [], 2400, 7200),
-    "quick": (["--lengths", "1024", "8192", "--ks", "4"], ["--updates", "3"], 300, 1800),
+BENCHMARKS = {  # preset: op benchmark, model update and LM update options, estimate s, timeout s
+    "full": ([], [], [], 2400, 7200),
+    "quick": (["--lengths", "1024", "8192", "--ks", "4"], ["--updates", "3"],
+              ["--contexts", "1024", "8192", "--ks", "4", "--checkpointed-ks", "--updates", "3"], 300, 1800),
 }
+BENCHMARK_STEPS = ("op benchmark", "model update", "language-model update")
 
 
 def find_sanitizer() -> Optional[str]:
@@ -103,10 +108,10 @@ def plan(args, sanitizer: Optional[str], nvcc: Optional[str], log_dir: Path) -> 
         steps.append(Step(f"compute-sanitizer memcheck: {group}", None if skip else command,
                           SANITIZER_TIMEOUT_S, SANITIZER_ESTIMATE_S, env, skip))
     if args.benchmark == "none":
-        for name in ("op benchmark", "model update"):
+        for name in BENCHMARK_STEPS:
             steps.append(Step(name, None, 0, 0, skip_reason="--benchmark none"))
         return steps
-    op_options, update_options, estimate, timeout = BENCHMARKS[args.benchmark]
+    op_options, update_options, lm_options, estimate, timeout = BENCHMARKS[args.benchmark]
     backends = ["sdpa", "flex", "torch", "triton"] + (["cuda"] if nvcc else [])
     op = [sys.executable, "-m", "fairseq_plugins.check_gpu.op_benchmark", "--out",
           str(log_dir / "op_benchmark.json"), "--device", args.device, "--backends", *backends,
@@ -116,6 +121,9 @@ def plan(args, sanitizer: Optional[str], nvcc: Optional[str], log_dir: Path) -> 
               str(log_dir / "model_update.json"), "--device", args.device, *update_options,
               *args.update_option]
     steps.append(Step("model update", update, timeout / 4, estimate / 8, base_env))
+    lm = [sys.executable, "-m", "fairseq_plugins.check_gpu.lm_update", "--out", str(log_dir / "lm_update.json"),
+          "--device", args.device, *lm_options, *args.lm_option]
+    steps.append(Step("language-model update", lm, timeout / 4, estimate / 4, base_env))
     return steps
 
 
@@ -199,7 +207,7 @@ def _read_json(path: Path) -> Optional[Dict]:
 
 
 def render_report(env: Dict[str, str], results: List[StepResult], benchmark: Optional[Dict],
-                  update: Optional[Dict], out_dir: Path) -> str:
+                  update: Optional[Dict], out_dir: Path, lm: Optional[Dict] = None) -> str:
     """The Markdown report: environment, one line per step, the measurements, the tails of
     the steps that failed (every step's whole log is in the logs folder)."""
     lines = ["# GPU check", "", "`python -m fairseq_plugins.check_gpu`", "", "| | |", "|---|---|"]
@@ -215,6 +223,8 @@ def render_report(env: Dict[str, str], results: List[StepResult], benchmark: Opt
         lines += ["", "## Graph attention per op", "", benchmark_markdown(benchmark).strip()]
     if update:
         lines += ["", "## One training update per model", "", update_markdown(update).strip()]
+    if lm:
+        lines += ["", "## Language models at long context", "", lm_markdown(lm).strip()]
     failed = [r for r in results if not r.ok]
     if failed:
         lines += ["", "## Failed steps: command and last lines (whole logs beside this report)"]
@@ -224,14 +234,14 @@ def render_report(env: Dict[str, str], results: List[StepResult], benchmark: Opt
     return "\n".join(lines) + "\n"
 
 
-def report_json(env, results: List[StepResult], benchmark, update, out_dir: Path) -> Dict:
+def report_json(env, results: List[StepResult], benchmark, update, out_dir: Path, lm=None) -> Dict:
     return {"environment": env, "passed": all(r.ok for r in results),
             "steps": [{"name": r.name, "status": r.status, "returncode": r.returncode,
                        "timed_out": r.timed_out, "seconds": round(r.seconds, 1),
                        "summary": r.summary(), "command": r.command,
                        "log": str(r.log.relative_to(out_dir)) if r.log else None}
                       for r in results],
-            "op_benchmark": benchmark, "model_update": update}
+            "op_benchmark": benchmark, "model_update": update, "lm_update": lm}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -255,6 +265,8 @@ def parser() -> argparse.ArgumentParser:
                         "--benchmark-option=20)")
     p.add_argument("--update-option", action="append", default=[], metavar="OPTION",
                    help="passed on to the model update")
+    p.add_argument("--lm-option", action="append", default=[], metavar="OPTION",
+                   help="passed on to the language-model update")
     p.add_argument("--device", default="cuda",
                    help="cuda (default), or cpu: the same steps on the CPU, to test this command")
     return p
@@ -285,10 +297,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         results.append(run_step(step, log_dir, progress, cwd=log_dir))
     benchmark = _read_json(log_dir / "op_benchmark.json")
     update = _read_json(log_dir / "model_update.json")
+    lm = _read_json(log_dir / "lm_update.json")
     report = out_dir / f"{stem}.md"
-    report.write_text(render_report(env, results, benchmark, update, out_dir))
+    report.write_text(render_report(env, results, benchmark, update, out_dir, lm))
     report.with_suffix(".json").write_text(
-        json.dumps(report_json(env, results, benchmark, update, out_dir), indent=1) + "\n")
+        json.dumps(report_json(env, results, benchmark, update, out_dir, lm), indent=1) + "\n")
     print(f"check_gpu: report written to {report} and {report.with_suffix('.json').name}, "
           f"logs in {log_dir}")
     return 0 if all(r.ok for r in results) else 1
