@@ -249,9 +249,13 @@ def _gather_parts(parts: torch.Tensor, work: WorkItems, fill=0.0) -> torch.Tenso
 
 
 def _scatter_rows(target: torch.Tensor, values: torch.Tensor, work: WorkItems) -> None:
-    """target[bh, node] = values[s, bh, r] for the split blocks' rows that are nodes."""
-    flat = values.transpose(0, 1).flatten(1, 2)  # [BH, S * rows, ...]
-    target[:, work.split_nodes] = flat[:, work.split_rows].to(target.dtype)
+    """target[..., node, ...] = values[s, bh, r] for the split blocks' rows that are nodes;
+    ``target`` is [BH, N] (``values`` [S, BH, rows]) or [B, H, N, D] in any memory order
+    (``values`` [S, BH, rows, D])."""
+    flat = values.transpose(0, 1).flatten(1, 2)[:, work.split_rows]  # [BH, split rows, ...]
+    node_dim = target.dim() - values.dim() + 2
+    flat = flat.reshape(*target.shape[:node_dim], *flat.shape[1:])
+    target[(slice(None),) * node_dim + (work.split_nodes,)] = flat.to(target.dtype)
 
 
 def merge_forward(out, lse, part_out, part_lse, plan: TilePlan) -> None:

@@ -4,7 +4,9 @@ Forward: one program per (query block or part of it, sentence x head) walks the 
 tiles (``tile_plan``) with an online softmax in fp32 and saves the log-sum-exp. Backward,
 FA2 style: dQ per query block (its kernel also writes Delta = rowsum(dO * O)); dK/dV, in the
 input dtype, per aligned key block over the windows of query slots that read it. Parts of
-split blocks are merged here, in a fixed order.
+split blocks are merged here, in a fixed order. q, k, v, dO and the outputs are
+[B, H, N, D] tensors read and written through their strides: the time-first views fairseq's
+attention hands over go in without a copy, and come back time-first.
 Forward and backward are ``torch.library`` ops over the plan's tensors (``forward_op``,
 ``backward_op``) with fake implementations, so ``torch.compile`` traces them; the dropout
 seed is a tensor on the query's device (``draw_seed``), never read on the host.
@@ -60,7 +62,8 @@ class LaunchConfig:
 # spills, shared memory, tensor cores on sm_80 and sm_90a). The three kernels of a dtype and
 # head dim share one plan, hence one tile size.
 _HALF = {  # fp16 and bf16
-    ("forward", 32): LaunchConfig(64, 32, 4, 2),
+    # 8 warps: at 4, ptxas holds the sm_80 binary to 128 registers and spills
+    ("forward", 32): LaunchConfig(64, 32, 8, 2),
     ("forward", 64): LaunchConfig(64, 32, 4, 2),
     ("forward", 128): LaunchConfig(64, 32, 8, 2),
     ("backward_query", 32): LaunchConfig(64, 32, 4, 2),
@@ -154,6 +157,29 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
+def _strides(t: torch.Tensor) -> Tuple[int, int, int]:
+    """The batch, head and node strides of a [B, H, N, D] tensor as the kernels take them: a
+    dim of size 1 gets stride 0 (never read; Triton would specialise a stride of 1)."""
+    return tuple(0 if t.size(dim) == 1 else t.stride(dim) for dim in range(3))
+
+
+def _in_place(t: torch.Tensor) -> torch.Tensor:
+    """A [B, H, N, D] tensor the kernels read where it is (fairseq's time-first views
+    included): unit stride over D, the other strides multiples of 16 elements and a 16-byte
+    aligned start, the specialisation the binaries are compiled for; else a contiguous copy."""
+    if (t.stride(-1) == 1 and all(s % 16 == 0 for s in _strides(t)) and t.data_ptr() % 16 == 0):
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+def empty_in_layout(t: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """An empty [B, H, N, D] tensor whose dims lie in memory in the order of ``t``'s strides
+    (D innermost): the output and gradients of time-first inputs are time-first, so that
+    fairseq's merge of heads and the projections' backward read them as views."""
+    order = sorted(range(3), key=lambda dim: -t.stride(dim))  # stable: ties keep dim order
+    return torch.empty_permuted(t.shape, (*order, 3), dtype=dtype or t.dtype, device=t.device)
+
+
 def _scalars(rel_table, pad, lse, seed, num_nodes, heads, batch_heads, scale, dropout_p):
     """The trailing kernel arguments shared by the three kernels (without relative keys,
     the table's pointer is lse, never read)."""
@@ -170,20 +196,22 @@ def _scalars(rel_table, pad, lse, seed, num_nodes, heads, batch_heads, scale, dr
 # ``attention_backward`` are their implementations (what a glue count steps into).
 
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, rel_key: Optional[Tensor], pad: Tensor,
-               plan: List[Tensor], plan_sizes: List[int], heads: int, scale: float,
-               dropout_p: float, seed: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-    """q, k, v: [BH, N, D]; pad: uint8 [B, N] (1 = absent); plan: ``TilePlan.tensors()``,
-    plan_sizes: ``TilePlan.sizes()``; seed: int64 scalar on the device. Returns (out
-    [BH, N, D], lse fp32 [BH, N], the fp32 table scale * q . rel_key [BH, N, T], [0]
-    without relative keys)."""
+                      plan: List[Tensor], plan_sizes: List[int], scale: float, dropout_p: float,
+                      seed: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """q, k, v: [B, H, N, D], any strides (``_in_place``); pad: uint8 [B, N] (1 = absent);
+    plan: ``TilePlan.tensors()``, plan_sizes: ``TilePlan.sizes()``; seed: int64 scalar on
+    the device. Returns (out [B, H, N, D] in q's memory order (``empty_in_layout``), lse fp32
+    [B*H, N], the fp32 table scale * q . rel_key [B*H*N, T], [0] without relative keys)."""
     with autocast_off(q.device):
-        bh, num_nodes, dim = q.shape
-        q, k, v, pad, seed = (_aligned(x) for x in (q, k, v, pad, seed))
+        bsz, heads, num_nodes, dim = q.shape
+        bh = bsz * heads
+        q, k, v = (_in_place(x) for x in (q, k, v))
+        pad, seed = _aligned(pad), _aligned(seed)
         tiles = TilePlan.from_tensors(plan, plan_sizes, num_nodes)
         rel_table = q.new_empty(0, dtype=torch.float32)
         if rel_key is not None:  # scale * q . rel_key[t] for every row and type
-            rel_table = _aligned((q.float() @ rel_key.float().t()).mul_(scale))
-        out = torch.empty_like(q)
+            rel_table = (_rows_fp32(q) @ rel_key.float().t()).mul_(scale)
+        out = empty_in_layout(q)
         lse = torch.empty(bh, num_nodes, device=q.device)
         work = tiles.query_work
         part_out = torch.empty(work.num_parts, bh, tiles.block_m, dim, device=q.device)
@@ -191,9 +219,16 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, rel_key: Optional[Tensor]
         scalars = _scalars(rel_table, pad, lse, seed, num_nodes, heads, bh, scale, dropout_p)
         _launch("forward", (work.items.size(0), bh), q.dtype, dim, dropout_p > 0,
                 q, k, v, out, lse, part_out, part_lse, tiles.slot_node, work.items,
-                tiles.tile_start, tiles.tile_types, *scalars)
+                tiles.tile_start, tiles.tile_types, *scalars[:2],
+                *_strides(q), *_strides(k), *_strides(v), *_strides(out), *scalars[2:])
         merge_forward(out, lse, part_out, part_lse, tiles)
         return out, lse, rel_table
+
+
+def _rows_fp32(q: Tensor) -> Tensor:
+    """q as fp32 [B*H*N, D] rows in (sentence, head, node) order, for the relative-key GEMMs:
+    one op that casts and lays out (a reshape of a time-first view would copy again)."""
+    return q.to(torch.float32, memory_format=torch.contiguous_format).reshape(-1, q.size(-1))
 
 
 forward_op = torch.library.custom_op("fairseq_plugins::triton_graph_attention", mutates_args=())(
@@ -201,53 +236,58 @@ forward_op = torch.library.custom_op("fairseq_plugins::triton_graph_attention", 
 
 
 @forward_op.register_fake
-def _forward_fake(q, k, v, rel_key, pad, plan, plan_sizes, heads, scale, dropout_p, seed):
-    bh, num_nodes, _ = q.shape
-    table = (0,) if rel_key is None else (bh, num_nodes, rel_key.size(0))
-    return (q.new_empty(q.shape), q.new_empty((bh, num_nodes), dtype=torch.float32),
+def _forward_fake(q, k, v, rel_key, pad, plan, plan_sizes, scale, dropout_p, seed):
+    bsz, heads, num_nodes, _ = q.shape
+    table = (0,) if rel_key is None else (bsz * heads * num_nodes, rel_key.size(0))
+    return (empty_in_layout(q), q.new_empty((bsz * heads, num_nodes), dtype=torch.float32),
             q.new_empty(table, dtype=torch.float32))
 
 
 def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                rel_key: Optional[Tensor], rel_table: Tensor, pad: Tensor, plan: List[Tensor],
-                plan_sizes: List[int], heads: int, scale: float, dropout_p: float,
-                seed: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(d q, d k, d v in q's dtype, d rel_key in its own dtype, [0] without), recomputed
-    from ``lse``, under the forward's dropout mask (the same seed tensor)."""
+                       rel_key: Optional[Tensor], rel_table: Tensor, pad: Tensor, plan: List[Tensor],
+                       plan_sizes: List[int], scale: float, dropout_p: float,
+                       seed: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(d q, d k, d v in q's dtype, each in its input's memory order, d rel_key in its own
+    dtype, [0] without), recomputed from ``lse``, under the forward's dropout mask (the same
+    seed tensor). Every [B, H, N, D] input is read in place (``_in_place``)."""
     with autocast_off(q.device):
-        bh, num_nodes, dim = q.shape
+        bsz, heads, num_nodes, dim = q.shape
+        bh = bsz * heads
         device = q.device
-        grad_out, q, k, v, out, pad, seed = (_aligned(x) for x in (grad_out, q, k, v, out, pad, seed))
+        grad_out, q, k, v, out = (_in_place(x) for x in (grad_out, q, k, v, out))
+        pad, seed = _aligned(pad), _aligned(seed)
         tiles = TilePlan.from_tensors(plan, plan_sizes, num_nodes)
         delta = torch.empty(bh, num_nodes, device=device)  # rowsum(dO * O), by the dQ kernel
         scalars = _scalars(rel_table, pad, lse, seed, num_nodes, heads, bh, scale, dropout_p)
 
         work = tiles.query_work
-        grad_q = torch.empty(bh, num_nodes, dim, device=device)
+        grad_q = empty_in_layout(q, torch.float32)
         part_grad_q = torch.empty(work.num_parts, bh, tiles.block_m, dim, device=device)
         grad_rows = lse if rel_key is None else torch.zeros_like(rel_table)
         _launch("backward_query", (work.items.size(0), bh), q.dtype, dim, dropout_p > 0,
                 q, k, v, out, grad_out, lse, delta, grad_q, part_grad_q, grad_rows, tiles.slot_node,
-                work.items, tiles.tile_start, tiles.tile_types, *scalars)
+                work.items, tiles.tile_start, tiles.tile_types, *scalars[:2],
+                *_strides(q), *_strides(k), *_strides(v), *_strides(out), *_strides(grad_out),
+                *_strides(grad_q), *scalars[2:])
         merge_sum(grad_q, part_grad_q, work)
 
         work = tiles.key_work
-        grad_k, grad_v = (torch.empty_like(q) for _ in range(2))  # written in q's dtype
+        grad_k, grad_v = empty_in_layout(k, q.dtype), empty_in_layout(v, q.dtype)
         part_grad_k, part_grad_v = (torch.empty(work.num_parts, bh, tiles.block_m, dim,
                                                 device=device) for _ in range(2))
         _launch("backward_key", (work.items.size(0), bh), q.dtype, dim, dropout_p > 0,
                 q, k, v, grad_out, lse, delta, grad_k, grad_v, part_grad_k, part_grad_v,
                 tiles.slot_node, tiles.slot_node.numel(), work.items, tiles.window_start,
-                tiles.window_types, *scalars)
+                tiles.window_types, *scalars[:2], *_strides(q), *_strides(k), *_strides(v),
+                *_strides(grad_out), *_strides(grad_k), *_strides(grad_v), *scalars[2:])
         merge_sum(grad_k, part_grad_k, work)
         merge_sum(grad_v, part_grad_v, work)
 
         grad_rel = q.new_empty(0)
         if rel_key is not None:  # d(score) summed per (row, type): the relative-key terms
             grad_rows.mul_(scale)
-            grad_q += grad_rows @ rel_key.float()
-            grad_rel = (grad_rows.reshape(-1, grad_rows.size(-1)).t()
-                        @ q.reshape(-1, dim).float()).to(rel_key.dtype)
+            grad_q += (grad_rows @ rel_key.float()).view(q.shape)
+            grad_rel = (grad_rows.t() @ _rows_fp32(q)).to(rel_key.dtype)
         return grad_q.to(q.dtype), grad_k, grad_v, grad_rel
 
 
@@ -256,31 +296,32 @@ backward_op = torch.library.custom_op("fairseq_plugins::triton_graph_attention_b
 
 
 @backward_op.register_fake
-def _backward_fake(grad_out, q, k, v, out, lse, rel_key, rel_table, pad, plan, plan_sizes, heads,
+def _backward_fake(grad_out, q, k, v, out, lse, rel_key, rel_table, pad, plan, plan_sizes,
                    scale, dropout_p, seed):
     grad_rel = q.new_empty(0) if rel_key is None else rel_key.new_empty(rel_key.shape)
-    return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape), grad_rel
+    return (empty_in_layout(q), empty_in_layout(k, q.dtype), empty_in_layout(v, q.dtype),
+            grad_rel)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, rel_key, pad, plan, plan_sizes, heads, scale, dropout_p, seed = inputs
+    q, k, v, rel_key, pad, plan, plan_sizes, scale, dropout_p, seed = inputs
     out, lse, rel_table = output
     ctx.save_for_backward(q, k, v, out, lse, rel_key, rel_table, pad, seed, *plan)
-    ctx.scalars = (plan_sizes, heads, scale, dropout_p)
+    ctx.scalars = (plan_sizes, scale, dropout_p)
     ctx.set_materialize_grads(False)  # lse and the table get no gradient: no zeros to fill
 
 
 def _backward(ctx, grad_out, grad_lse, grad_table):
     q, k, v, out, lse, rel_key, rel_table, pad, seed, *plan = ctx.saved_tensors
-    plan_sizes, heads, scale, dropout_p = ctx.scalars
+    plan_sizes, scale, dropout_p = ctx.scalars
     if grad_out is None:  # the output does not reach the loss
         grad_out = torch.zeros_like(out)
     grad_q, grad_k, grad_v, grad_rel = backward_op(
-        grad_out, q, k, v, out, lse, rel_key, rel_table, pad, plan, plan_sizes, heads, scale,
+        grad_out, q, k, v, out, lse, rel_key, rel_table, pad, plan, plan_sizes, scale,
         dropout_p, seed)
     # (the list of plan tensors gets a list of Nones: the inputs' structure)
     return (grad_q, grad_k, grad_v, None if rel_key is None else grad_rel, None, [None] * len(plan),
-            None, None, None, None, None)
+            None, None, None, None)
 
 
 torch.library.register_autograd("fairseq_plugins::triton_graph_attention", _backward,
@@ -315,16 +356,16 @@ def triton_graph_attention(query, key, value, graph, rel_key=None, key_padding_m
 
 def attend(query, key, value, plan: TilePlan, rel_key, key_padding_mask, scale: float,
            dropout_p: float) -> torch.Tensor:
-    """The op over ``plan`` (which the tests build with other work splits)."""
-    bsz, heads, num_nodes, dim = query.shape
-    q, k, v = (x.reshape(bsz * heads, num_nodes, dim) for x in (query, key, value))
+    """The op over ``plan`` (which the tests build with other work splits); query, key,
+    value go in as they are (views of fairseq's time-first layout included)."""
+    bsz, _, num_nodes, _ = query.shape
     if key_padding_mask is None:  # one binary for both: a mask with every key present
         pad = torch.zeros(bsz, num_nodes, device=query.device, dtype=torch.uint8)
     else:
         pad = key_padding_mask.to(device=query.device, dtype=torch.uint8)
-    out, _, _ = forward_op(q, k, v, rel_key, pad, list(plan.tensors()), list(plan.sizes()), heads,
+    out, _, _ = forward_op(query, key, value, rel_key, pad, list(plan.tensors()), list(plan.sizes()),
                            scale, dropout_p, draw_seed(query.device, dropout_p))
-    return out.view(query.shape)
+    return out
 
 
 def prepare(query: torch.Tensor, graph: AttentionGraph) -> None:
