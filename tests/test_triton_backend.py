@@ -399,6 +399,48 @@ def test_strided_views_give_bitwise_the_results_of_contiguous_copies(case, monke
         assert strided_out.permute(2, 0, 1, 3).is_contiguous()
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["whole-blocks", "split-blocks"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_dq_is_written_in_the_input_dtype_with_float32_relative_keys(dtype, split, monkeypatch):
+    """fp16/bf16 q, k, v with an fp32 rel_key (autocast's case): the dQ kernel writes dQ in
+    the input dtype, its relative-key term added in fp32 before the one rounding (in the
+    kernel for whole blocks, in the merge for split ones); every gradient matches float64
+    and has its leaf's dtype."""
+    launches = []
+    monkeypatch.setitem(triton_backend.KERNELS, "backward_query",
+                        LaunchRecorder("backward_query", launches))
+    if split:
+        monkeypatch.setattr(tile_plan, "TILES_PER_ITEM", 1)
+    graph = bpt_graph.__wrapped__(40, 2)  # a fresh graph: its plan is built with these splits
+    plan = tile_plan.build_plan(graph, *triton_backend.tiles(dtype, 32))
+    assert bool(plan.query_work.num_parts) == split
+    low, ref, mask = inputs(graph, [40, 23], dtype, heads=2)
+    gen = torch.Generator().manual_seed(4)
+    rel = (ref[3].detach() + 1e-3 * torch.randn(ref[3].shape, generator=gen, dtype=torch.float64)).float()
+    low[3], ref[3] = rel.requires_grad_(), rel.detach().double().requires_grad_()
+    out = triton_backend.attend(*low[:3], plan, low[3], mask, 32 ** -0.5, 0.0)
+    expected = graph_attention(*ref[:3], graph, ref[3], mask, backend="torch")
+    assert_close(out, expected, dtype, "output")
+    grad = torch.randn(expected.shape, generator=gen)
+    grads = torch.autograd.grad(out, low, grad.to(dtype))
+    for name, actual, wanted, leaf in zip(("q", "k", "v", "rel_key"), grads,
+                                          torch.autograd.grad(expected, ref, grad.double()), low):
+        assert actual.dtype == leaf.dtype, name
+        assert_close(actual, wanted, dtype, f"grad {name}")
+    (_, args, _), = launches
+    assert args[7].dtype == dtype  # grad_q_ptr: the kernel writes dQ in the input dtype
+
+
+def test_dq_under_cpu_autocast_with_split_blocks(monkeypatch):
+    """fairseq's --amp: fp32 leaves under CPU autocast (fp16 here; bf16 in
+    ``test_graph_attention_autocast``), split query blocks, against float64."""
+    from tests.test_graph_attention_autocast import check_under_autocast
+    monkeypatch.setattr(tile_plan, "TILES_PER_ITEM", 1)
+    graph = bpt_graph.__wrapped__(24, 2)
+    assert tile_plan.build_plan(graph, *triton_backend.tiles(torch.float16, 32)).query_work.num_parts
+    check_under_autocast("triton", graph, [24, 13], torch.float16)
+
+
 def test_dropout_beyond_the_hash_limit_is_refused_so_auto_falls_back():
     from fairseq_plugins.graphs.attention_graph import AttentionGraph
     n = triton_backend.MAX_DROPOUT_NODES + 1

@@ -127,7 +127,8 @@ def signature(kernel, dtype: str, constants: dict) -> dict:
     for name in kernel.arg_names:
         if name in constants:
             types[name] = "constexpr"
-        elif name in ("q_ptr", "k_ptr", "v_ptr", "out_ptr", "grad_out_ptr", "grad_k_ptr", "grad_v_ptr"):
+        elif name in ("q_ptr", "k_ptr", "v_ptr", "out_ptr", "grad_out_ptr", "grad_q_ptr", "grad_k_ptr",
+                      "grad_v_ptr"):
             types[name] = f"*{element}"
         elif name.endswith("types_ptr"):
             types[name] = "*i16"

@@ -12,9 +12,11 @@ Forward and backward are ``torch.library`` ops over the plan's tensors (``forwar
 seed is a tensor on the query's device (``draw_seed``), never read on the host.
 
 The relative-key term is a gathered fp32 table scale * q . rel_key[t] ([BH, N, T], one GEMM);
-its gradient, summed per (row, type) in the dQ kernel, becomes d rel_key and the rest of dQ
-through two GEMMs. dQ, dK and dV use no atomics and are bitwise reproducible; the per-(row,
-type) sums use fp32 atomics, so d rel_key may differ in the last bits between runs.
+its gradient, summed per (row, type) in the dQ kernel, becomes d rel_key through one GEMM
+and dQ's relative-key term in the dQ kernel (fp16/bf16; ``adds_rel_term``). dK and dV, and
+dQ without relative keys, use no atomics and are bitwise reproducible; the per-(row, type)
+sums use fp32 atomics, so d rel_key and, with relative keys, dQ may differ in the last bits
+between runs on a GPU.
 
 Launch configurations are fixed in ``CONFIGS``, per kernel, dtype and head dim: no
 autotuning is possible without a GPU, so they are chosen by the static limits that
@@ -124,6 +126,14 @@ def tiles(dtype: torch.dtype, head_dim: int) -> Tuple[int, int]:
     return config.block_m, config.block_n
 
 
+def adds_rel_term(dtype: torch.dtype) -> bool:
+    """Whether the dQ kernel adds dQ's relative-key term itself (``REL_TERM``): for fp16/bf16,
+    so that dQ is summed in fp32 and rounded once, in the kernel, with no fp32 dQ and no cast
+    around it. fp32 dQ is never rounded, and its head dim 128 binary has no registers to
+    spare for the product (sm_80 spills): the term is added to it after the kernel."""
+    return dtype != torch.float32
+
+
 def kernel_constants(kernel: str, dtype: torch.dtype, head_dim: int, config: LaunchConfig,
                      dropout: bool, upcast=False) -> dict:
     """The constexpr arguments of a launch (shared with the ahead-of-time compile); the key
@@ -131,8 +141,11 @@ def kernel_constants(kernel: str, dtype: torch.dtype, head_dim: int, config: Lau
     rows, cols = config.block_m, config.block_n
     if kernel == "backward_key":
         rows, cols = cols, rows
-    return dict(D=head_dim, BLOCK_M=rows, BLOCK_N=cols, PRECISION=DOT_PRECISION[dtype],
-                DROPOUT=dropout, UPCAST=upcast)
+    constants = dict(D=head_dim, BLOCK_M=rows, BLOCK_N=cols, PRECISION=DOT_PRECISION[dtype],
+                     DROPOUT=dropout, UPCAST=upcast)
+    if kernel == "backward_query":
+        constants["REL_TERM"] = adds_rel_term(dtype)
+    return constants
 
 
 def device_guard(tensor: torch.Tensor):
@@ -261,15 +274,28 @@ def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: T
         scalars = _scalars(rel_table, pad, lse, seed, num_nodes, heads, bh, scale, dropout_p)
 
         work = tiles.query_work
-        grad_q = empty_in_layout(q, torch.float32)
+        grad_q = empty_in_layout(q)  # written in q's dtype by the kernel
         part_grad_q = torch.empty(work.num_parts, bh, tiles.block_m, dim, device=device)
-        grad_rows = lse if rel_key is None else torch.zeros_like(rel_table)
+        grad_rows, rel_key32 = lse, lse  # (pointers never read without relative keys)
+        if rel_key is not None:
+            grad_rows, rel_key32 = torch.zeros_like(rel_table), _aligned(rel_key.float())
         _launch("backward_query", (work.items.size(0), bh), q.dtype, dim, dropout_p > 0,
-                q, k, v, out, grad_out, lse, delta, grad_q, part_grad_q, grad_rows, tiles.slot_node,
-                work.items, tiles.tile_start, tiles.tile_types, *scalars[:2],
+                q, k, v, out, grad_out, lse, delta, grad_q, part_grad_q, grad_rows, rel_key32,
+                tiles.slot_node, work.items, tiles.tile_start, tiles.tile_types, *scalars[:2],
                 *_strides(q), *_strides(k), *_strides(v), *_strides(out), *_strides(grad_out),
                 *_strides(grad_q), *scalars[2:])
-        merge_sum(grad_q, part_grad_q, work)
+        rel_term = None
+        if rel_key is not None:
+            grad_rows.mul_(scale)  # d(score) summed per (row, type), scaled: d rel_key's rows
+
+            def rel_term(nodes):  # dQ's relative-key term of these nodes, fp32 [BH, nodes, D]
+                return grad_rows.view(bh, num_nodes, -1)[:, nodes] @ rel_key32
+        if adds_rel_term(q.dtype):  # split rows: the term joins the parts' fp32 sum, rounded once
+            merge_sum(grad_q, part_grad_q, work, rel_term)
+        else:  # fp32 dQ: the term is added to every row here
+            merge_sum(grad_q, part_grad_q, work)
+            if rel_term is not None:
+                grad_q += rel_term(slice(None)).view(q.shape)
 
         work = tiles.key_work
         grad_k, grad_v = empty_in_layout(k, q.dtype), empty_in_layout(v, q.dtype)
@@ -284,11 +310,9 @@ def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: T
         merge_sum(grad_v, part_grad_v, work)
 
         grad_rel = q.new_empty(0)
-        if rel_key is not None:  # d(score) summed per (row, type): the relative-key terms
-            grad_rows.mul_(scale)
-            grad_q += (grad_rows @ rel_key.float()).view(q.shape)
+        if rel_key is not None:
             grad_rel = (grad_rows.t() @ _rows_fp32(q)).to(rel_key.dtype)
-        return grad_q.to(q.dtype), grad_k, grad_v, grad_rel
+        return grad_q, grad_k, grad_v, grad_rel
 
 
 backward_op = torch.library.custom_op("fairseq_plugins::triton_graph_attention_backward", mutates_args=())(

@@ -33,6 +33,9 @@ import triton.language as tl
 # runtime flag (it masks the gather and the atomics; a branch would cost registers), padding
 # is always read (an all-present mask without one); only dropout is a constexpr (a branch
 # around the hash costs about 40 registers), so each configuration has two binaries.
+# relative-key types per step of the dQ kernel's [rows, types] x [types, D] product
+REL_TYPES_PER_STEP = tl.constexpr(16)
+
 SCALARS = ["num_nodes", "num_types", "heads", "num_batch_heads", "scale", "dropout_threshold",
            "dropout_scale", "has_rel"]
 
@@ -209,8 +212,8 @@ def forward_kernel(
 @triton.jit(do_not_specialize=SCALARS)
 def backward_query_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, grad_out_ptr, lse_ptr, delta_ptr, grad_q_ptr, part_grad_q_ptr,
-    grad_rel_ptr, slot_node_ptr, items_ptr, tile_start_ptr, tile_types_ptr, rel_ptr, pad_ptr,
-    stride_qb: tl.int64, stride_qh: tl.int64, stride_qn: tl.int64,
+    grad_rel_ptr, rel_key_ptr, slot_node_ptr, items_ptr, tile_start_ptr, tile_types_ptr, rel_ptr,
+    pad_ptr, stride_qb: tl.int64, stride_qh: tl.int64, stride_qn: tl.int64,
     stride_kb: tl.int64, stride_kh: tl.int64, stride_kn: tl.int64,
     stride_vb: tl.int64, stride_vh: tl.int64, stride_vn: tl.int64,
     stride_ob: tl.int64, stride_oh: tl.int64, stride_on: tl.int64,
@@ -218,12 +221,19 @@ def backward_query_kernel(
     stride_dqb: tl.int64, stride_dqh: tl.int64, stride_dqn: tl.int64,
     num_nodes, num_types, heads, num_batch_heads, scale, seed_ptr, dropout_threshold, dropout_scale,
     has_rel, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr, DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr, DROPOUT: tl.constexpr, UPCAST: tl.constexpr, REL_TERM: tl.constexpr,
 ):
-    """dQ (fp32, without the relative-key term) of one query block or part; with has_rel,
-    d(score) summed per (row, edge type) into grad_rel [BH, N, T] (atomics). Also writes
-    Delta = rowsum(dO * O) of the block's rows, which the key kernel reads (every part of a
-    split block writes the same values)."""
+    """dQ of one query block, in the input dtype, or of a part of a split block, in fp32;
+    with has_rel, d(score) summed per (row, edge type) into grad_rel [BH, N, T] (atomics).
+    Also writes Delta = rowsum(dO * O) of the block's rows, which the key kernel reads
+    (every part of a split block writes the same values).
+
+    With ``REL_TERM`` (fp16/bf16), the relative-key term of dQ, sum_t grad_rel[row, t] *
+    rel_key[t] (``rel_key_ptr``: fp32 [T, D]), is added in fp32 before the one rounding to the
+    input dtype, so it needs a row's complete sums: a block done by one program adds it here
+    (its rows' sums are all its own atomics: after a barrier, read back from L2); the parts of
+    a split block leave it to the merge, which adds it to their fp32 sum. Without (fp32), the
+    caller adds it to the fp32 dQ."""
     block, first_tile, end_tile, part = _item(items_ptr)
     bh = tl.program_id(1)
     k_base = _head(k_ptr, bh, heads, stride_kb, stride_kh)
@@ -264,12 +274,24 @@ def backward_query_kernel(
         tl.atomic_add(grad_rel_base + query_node[:, None] * num_types + types, grad_s,
                       mask=_flag(valid & row_present[:, None], has_rel), sem="relaxed")
 
-    grad_q *= scale
     d = tl.arange(0, D)
     if part < 0:
+        if REL_TERM and has_rel != 0:
+            tl.debug_barrier()  # every thread's atomics performed before the sums are read
+            for first_type in range(0, num_types, REL_TYPES_PER_STEP):
+                rel_type = first_type + tl.arange(0, REL_TYPES_PER_STEP)
+                sums = tl.load(grad_rel_base + query_node[:, None] * num_types + rel_type[None, :],
+                               mask=row_present[:, None] & (rel_type < num_types)[None, :],
+                               other=0.0, cache_modifier=".cg")
+                rel_key = tl.load(rel_key_ptr + rel_type[:, None] * D + d[None, :],
+                                  mask=(rel_type < num_types)[:, None], other=0.0)
+                grad_q += tl.dot(sums, rel_key, input_precision="tf32x3")
+        grad_q *= scale
         tl.store(_head(grad_q_ptr, bh, heads, stride_dqb, stride_dqh)
-                 + _row_offsets(query_node, stride_dqn, D), grad_q, mask=row_present[:, None])
+                 + _row_offsets(query_node, stride_dqn, D), grad_q.to(grad_q_ptr.dtype.element_ty),
+                 mask=row_present[:, None])
     else:
+        grad_q *= scale
         offset = (part.to(tl.int64) * num_batch_heads + bh) * BLOCK_M * D
         tl.store(part_grad_q_ptr + offset + rows[:, None] * D + d[None, :], grad_q)
 
