@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from fairseq_plugins.graph_attention import graph_attention, tile_plan, triton_backend  # noqa: E402
 from fairseq_plugins.graphs.binary_partition import bpt_graph, node_present  # noqa: E402
+from fairseq_plugins.modules.common.heads import split_heads  # noqa: E402
 
 Range = Tuple[float, float]
 # name: (value or (low, high), unit, why). Every estimate below is built from these.
@@ -117,7 +118,7 @@ class GlueCount(TorchDispatchMode):
     """Every PyTorch op that launches a kernel, with the bytes it reads and writes, except
     while a Triton kernel runs (under the interpreter its arguments are copied around)."""
 
-    NO_KERNEL = {"empty", "empty_like", "empty_strided", "new_empty", "detach", "alias", "lift_fresh",
+    NO_KERNEL = {"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "detach", "alias", "lift_fresh",
                  "_unsafe_view", "set_", "resize_"}
 
     def __init__(self):
@@ -157,14 +158,17 @@ def _glue_of_one_op(graph, tokens: int, dim: int, heads: int) -> GlueCount:
 
     batch = 2
     gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(batch, heads, graph.num_nodes, dim, generator=gen).bfloat16().requires_grad_()
-               for _ in range(3))
+    # q, k, v as fairseq's attention hands them over: [B, H, N, D] views of time-first
+    # [N, B, H * D] projections
+    projected = [torch.randn(graph.num_nodes, batch, heads * dim, generator=gen).bfloat16().requires_grad_()
+                 for _ in range(3)]
+    q, k, v = (split_heads(x, heads) for x in projected)
     rel = torch.randn(graph.num_edge_types, dim, generator=gen).bfloat16().requires_grad_()
     mask = ~node_present(torch.tensor([tokens, tokens // 2]), tokens)
     graph_attention(q, k, v, graph, rel, mask, backend="triton").sum().backward()  # plan cached
-    for leaf in (q, k, v, rel):
+    for leaf in (*projected, rel):
         leaf.grad = None  # a training step's backward writes fresh gradients, not sums
-    grad = torch.ones_like(q)
+    grad = torch.ones_like(q)  # in q's layout, as the backward of fairseq's merge of heads
     counter = GlueCount()
     run = interpreter.GridExecutor.__call__
 

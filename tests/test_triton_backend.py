@@ -145,13 +145,16 @@ ARGUMENT_TYPES = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16
                   torch.int16: "*i16", torch.int32: "*i32", torch.int64: "*i64", torch.uint8: "*u8"}
 
 
-def argument_type(value) -> str:
+def argument_type(name, value) -> str:
     if isinstance(value, torch.Tensor):
         assert value.data_ptr() % 16 == 0, "the binaries are compiled for 16-byte alignment"
         return ARGUMENT_TYPES[value.dtype]
     if isinstance(value, float):
         return "fp32"
     assert isinstance(value, int) and -2**31 <= value < 2**31
+    if name.startswith("stride_"):  # annotated int64, compiled as multiples of 16
+        assert value % 16 == 0 and value != 1, f"{name} = {value}"
+        return "i64"
     return "i32"
 
 
@@ -185,7 +188,7 @@ def test_every_launch_is_a_configuration_of_the_compiled_table(monkeypatch):
         types = triton_aot.signature(triton_backend.KERNELS[name].kernel, dtype, constants)
         names = [n for n in triton_backend.KERNELS[name].kernel.arg_names if n not in constants]
         assert len(args) == len(names)
-        assert {n: argument_type(a) for n, a in zip(names, args)} == {n: types[n] for n in names}
+        assert {n: argument_type(n, a) for n, a in zip(names, args)} == {n: types[n] for n in names}
         seen.add(entry)
     assert seen == set(table)
 
@@ -322,6 +325,122 @@ def test_non_contiguous_inputs_match_the_reference():
         assert_close(actual, wanted, torch.float32, "gradient")
 
 
+def _strided_view(x: torch.Tensor, layout: str) -> torch.Tensor:
+    """The values of a contiguous [B, H, N, D] ``x`` in another memory layout: "time-first"
+    (a [N, B, H, D] tensor permuted, what fairseq's split of heads hands over), "sliced"
+    (every other head of a wider [B, N + 8, 2H, D] tensor, transposed: no dense layout),
+    "odd-rows" (rows of D + 1 elements: strides the binaries are not compiled for, copied),
+    "contiguous" (a copy)."""
+    bsz, heads, nodes, dim = x.shape
+    if layout == "contiguous":
+        return x.clone()
+    if layout == "time-first":
+        view = x.permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3)
+    elif layout == "sliced":
+        wide = torch.zeros(bsz, nodes + 8, 2 * heads, dim, dtype=x.dtype)
+        view = wide[:, 4:4 + nodes, 1::2].transpose(1, 2)
+        view.copy_(x)
+    else:
+        wide = torch.zeros(bsz, heads, nodes, dim + 1, dtype=x.dtype)
+        view = wide[..., :dim]
+        view.copy_(x)
+    assert torch.equal(view, x) and not view.is_contiguous()
+    return view
+
+
+# layouts of (q and dO, k, v); "mixed": each tensor its own strides
+STRIDED_CASES = {"time-first": ("time-first",) * 3, "sliced": ("sliced",) * 3,
+                 "odd-rows": ("odd-rows",) * 3, "mixed": ("time-first", "sliced", "contiguous")}
+
+
+@pytest.mark.parametrize("case", STRIDED_CASES)
+def test_strided_views_give_bitwise_the_results_of_contiguous_copies(case, monkeypatch):
+    """Two sentences x two heads (distinct batch and head strides), relative keys, padding,
+    dropout and split blocks (one tile per program: the merges write strided outputs): the
+    output and all four gradients are bitwise those of contiguous copies, and the output and
+    the q/k/v gradients come back in their input's memory order (a time-first output is a
+    time-first tensor, so fairseq's merge of heads reads it as a view); both match the
+    float64 reference."""
+    layouts = STRIDED_CASES[case]
+    monkeypatch.setattr(tile_plan, "TILES_PER_ITEM", 1)
+    graph = bpt_graph.__wrapped__(24, 1)  # a fresh graph: its plan is built with these splits
+    plan = tile_plan.build_plan(graph, *triton_backend.tiles(torch.float32, 32))
+    assert plan.query_work.num_parts and plan.key_work.num_parts
+    (q, k, v, rel), ref, mask = inputs(graph, [24, 15], torch.float32, heads=2)
+    grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(3))
+    results = []
+    for strided in (False, True):
+        def make(x, layout, strided=strided):
+            return _strided_view(x.detach(), layout) if strided else x.detach().clone()
+        leaves = [make(x, layout).requires_grad_() for x, layout in zip((q, k, v), layouts)]
+        leaves.append(rel.detach().clone().requires_grad_())
+        torch.manual_seed(5)
+        out = triton_backend.attend(*leaves[:3], plan, leaves[3], mask, 32 ** -0.5, 0.2)
+        grads = torch.autograd.grad(out, leaves, make(grad, layouts[0]))
+        results.append((leaves, out, grads))
+    (_, out, grads), (views, strided_out, strided_grads) = results
+    torch.manual_seed(5)  # the kernels' seed: the first draw
+    keep = keep_mask(int(torch.randint(0, 2**31 - 1, ())), 4, graph.num_nodes, 0.2)
+    expected = dense_reference(*ref[:3], graph, ref[3], mask, 32 ** -0.5, keep, 0.2)
+    assert_close(out, expected, torch.float32, "output")
+    for name, actual, wanted in zip(("q", "k", "v", "rel_key"), grads,
+                                    torch.autograd.grad(expected, ref, grad.double())):
+        assert_close(actual, wanted, torch.float32, f"grad {name}")
+    assert torch.equal(strided_out, out)
+    for name, actual, expected in zip(("q", "k", "v", "rel_key"), strided_grads, grads):
+        assert torch.equal(actual, expected), f"grad {name}"
+
+    def order(x):
+        return sorted(range(4), key=lambda dim: -x.stride(dim))
+    if case != "odd-rows":  # (copied: the outputs are contiguous)
+        assert order(strided_out) == order(views[0])
+        assert [order(g) for g in strided_grads[:3]] == [order(x) for x in views[:3]]
+    if layouts[0] == "time-first":
+        assert strided_out.permute(2, 0, 1, 3).is_contiguous()
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["whole-blocks", "split-blocks"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_dq_is_written_in_the_input_dtype_with_float32_relative_keys(dtype, split, monkeypatch):
+    """fp16/bf16 q, k, v with an fp32 rel_key (autocast's case): the dQ kernel writes dQ in
+    the input dtype, its relative-key term added in fp32 before the one rounding (in the
+    kernel for whole blocks, in the merge for split ones); every gradient matches float64
+    and has its leaf's dtype."""
+    launches = []
+    monkeypatch.setitem(triton_backend.KERNELS, "backward_query",
+                        LaunchRecorder("backward_query", launches))
+    if split:
+        monkeypatch.setattr(tile_plan, "TILES_PER_ITEM", 1)
+    graph = bpt_graph.__wrapped__(40, 2)  # a fresh graph: its plan is built with these splits
+    plan = tile_plan.build_plan(graph, *triton_backend.tiles(dtype, 32))
+    assert bool(plan.query_work.num_parts) == split
+    low, ref, mask = inputs(graph, [40, 23], dtype, heads=2)
+    gen = torch.Generator().manual_seed(4)
+    rel = (ref[3].detach() + 1e-3 * torch.randn(ref[3].shape, generator=gen, dtype=torch.float64)).float()
+    low[3], ref[3] = rel.requires_grad_(), rel.detach().double().requires_grad_()
+    out = triton_backend.attend(*low[:3], plan, low[3], mask, 32 ** -0.5, 0.0)
+    expected = graph_attention(*ref[:3], graph, ref[3], mask, backend="torch")
+    assert_close(out, expected, dtype, "output")
+    grad = torch.randn(expected.shape, generator=gen)
+    grads = torch.autograd.grad(out, low, grad.to(dtype))
+    for name, actual, wanted, leaf in zip(("q", "k", "v", "rel_key"), grads,
+                                          torch.autograd.grad(expected, ref, grad.double()), low):
+        assert actual.dtype == leaf.dtype, name
+        assert_close(actual, wanted, dtype, f"grad {name}")
+    (_, args, _), = launches
+    assert args[7].dtype == dtype  # grad_q_ptr: the kernel writes dQ in the input dtype
+
+
+def test_dq_under_cpu_autocast_with_split_blocks(monkeypatch):
+    """fairseq's --amp: fp32 leaves under CPU autocast (fp16 here; bf16 in
+    ``test_graph_attention_autocast``), split query blocks, against float64."""
+    from tests.test_graph_attention_autocast import check_under_autocast
+    monkeypatch.setattr(tile_plan, "TILES_PER_ITEM", 1)
+    graph = bpt_graph.__wrapped__(24, 2)
+    assert tile_plan.build_plan(graph, *triton_backend.tiles(torch.float16, 32)).query_work.num_parts
+    check_under_autocast("triton", graph, [24, 13], torch.float16)
+
+
 def test_dropout_beyond_the_hash_limit_is_refused_so_auto_falls_back():
     from fairseq_plugins.graphs.attention_graph import AttentionGraph
     n = triton_backend.MAX_DROPOUT_NODES + 1
@@ -369,8 +488,9 @@ def test_the_split_block_merges_index_with_fixed_shapes(monkeypatch):
     queries, keys = plan.query_work, plan.key_work
     assert queries.num_parts and keys.num_parts
     bh, dim = 2, 8
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        out, lse = torch.empty(bh, graph.num_nodes, dim), torch.empty(bh, graph.num_nodes)
+    with FakeTensorMode(allow_non_fake_inputs=True):  # out: time-first [B, H, N, D]
+        out = torch.empty(graph.num_nodes, 1, bh, dim).permute(1, 2, 0, 3)
+        lse = torch.empty(bh, graph.num_nodes)
         tile_plan.merge_forward(out, lse, torch.empty(queries.num_parts, bh, plan.block_m, dim),
                                 torch.empty(queries.num_parts, bh, plan.block_m), plan)
         tile_plan.merge_sum(out, torch.empty(keys.num_parts, bh, plan.block_m, dim), keys)
@@ -414,46 +534,54 @@ def test_the_self_check_catches_dropout_without_its_rescaling(small_self_check, 
         small_self_check()
 
 
-def offsets_beyond_int32_case():
-    """A batch x heads x nodes x dim of 5 x 2^30 elements (10 GiB of fp16, allocated but never
-    touched but for the rows the plan reads: the pages stay virtual), whose later (sentence,
-    head)s start past 2^31 and 2^32 elements. A small graph's plan is moved to the last
-    nodes; the forward there matches the float64 reference computed on those rows alone.
-    Raises AssertionError on a mismatch; an int32 offset wraps to an address outside the
-    tensor and crashes the process (a GPU's illegal memory access)."""
+def offsets_beyond_int32_case(layout: str):
+    """5 heads x nodes x dim of 5 x 2^30 elements (10 GiB of fp16, allocated but never touched
+    but for the rows the plan reads: the pages stay virtual) in one of two layouts: "heads"
+    ([1, 5, N, D] contiguous: the later heads start past 2^31 and 2^32 elements) or
+    "time-first" (a [N, 1, 5, D] tensor viewed as [1, 5, N, D], fairseq's layout: the last
+    nodes' rows start past 2^32 elements). A small graph's plan is moved to the last nodes;
+    the forward there matches the float64 reference computed on those rows alone. Raises
+    AssertionError on a mismatch; an int32 offset wraps to an address outside the tensor and
+    crashes the process (a GPU's illegal memory access)."""
     small = bpt_graph(32, 2)
     block_m, block_n = triton_backend.tiles(torch.float16, 32)
     plan = tile_plan.build_plan(small, block_m, block_n)
     assert not plan.query_work.num_parts and not plan.key_work.num_parts
-    shift, batch_heads, dim = 2**25 + 2**15, 5, 32  # 2^25 + 2^15 nodes of 32: 2^30 + 2^20
+    shift, heads, dim = 2**25 + 2**15, 5, 32  # 2^25 + 2^15 nodes of 32: 2^30 + 2^20
     num_nodes = shift + small.num_nodes
-    assert (batch_heads - 1) * num_nodes * dim > 2**32 and num_nodes * dim < 2**31
     key_items = plan.key_work.items.clone()
     key_items[:, 0] += shift // block_m  # aligned key blocks: shift is a multiple of block_m
     moved = tile_plan.TilePlan(
         block_m, block_n, num_nodes, torch.where(plan.slot_node >= 0, plan.slot_node + shift, -1),
         plan.tile_start + shift, plan.tile_types, plan.query_work, plan.window_start, plan.window_types,
         dataclasses.replace(plan.key_work, items=key_items))
-    qkv = torch.empty(batch_heads, num_nodes, dim, dtype=torch.float16)  # q = k = v
+    if layout == "heads":
+        qkv = torch.empty(1, heads, num_nodes, dim, dtype=torch.float16)  # q = k = v
+        assert (heads - 1) * qkv.stride(1) > 2**32
+    else:
+        qkv = torch.empty(num_nodes, 1, heads, dim, dtype=torch.float16).permute(1, 2, 0, 3)
+        assert shift * qkv.stride(2) > 2**32 and qkv.stride(2) == heads * dim
     rows = slice(shift, num_nodes)
     gen = torch.Generator().manual_seed(0)
-    values = torch.randn(batch_heads, small.num_nodes, dim, generator=gen).to(torch.float16)
-    qkv[:, rows] = values
+    values = torch.randn(1, heads, small.num_nodes, dim, generator=gen).to(torch.float16)
+    qkv[:, :, rows] = values
     pad = torch.zeros(1, num_nodes, dtype=torch.uint8)
     out, _, _ = triton_backend.forward_op(qkv, qkv, qkv, None, pad, list(moved.tensors()),
-                                          list(moved.sizes()), batch_heads, dim ** -0.5, 0.0,
+                                          list(moved.sizes()), dim ** -0.5, 0.0,
                                           torch.zeros((), dtype=torch.int64))
-    x = values.double().view(1, batch_heads, small.num_nodes, dim)
+    assert out.stride()[1:] == qkv.stride()[1:]  # in the input's layout (B = 1: any stride)
+    x = values.double()
     expected = graph_attention(x, x, x, small, backend="torch")
-    assert_close(out[:, rows].view(expected.shape), expected, torch.float16, "output")
+    assert_close(out[:, :, rows], expected, torch.float16, f"output ({layout})")
 
 
-def test_offsets_beyond_2_to_the_31_elements_are_computed_in_int64():
+@pytest.mark.parametrize("layout", ["heads", "time-first"])
+def test_offsets_beyond_2_to_the_31_elements_are_computed_in_int64(layout):
     """``offsets_beyond_int32_case`` in a process of its own (a wrong offset crashes it)."""
     import subprocess
     import sys
     from pathlib import Path
-    command = "from tests.test_triton_backend import offsets_beyond_int32_case as c; c()"
+    command = f"from tests.test_triton_backend import offsets_beyond_int32_case as c; c({layout!r})"
     result = subprocess.run([sys.executable, "-c", command], cwd=Path(__file__).parent.parent,
                             env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True,
                             text=True, timeout=300)

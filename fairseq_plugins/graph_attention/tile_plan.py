@@ -248,10 +248,17 @@ def _gather_parts(parts: torch.Tensor, work: WorkItems, fill=0.0) -> torch.Tenso
     return torch.cat([parts, parts.new_full((1, *parts.shape[1:]), fill)])[work.part_index]
 
 
-def _scatter_rows(target: torch.Tensor, values: torch.Tensor, work: WorkItems) -> None:
-    """target[bh, node] = values[s, bh, r] for the split blocks' rows that are nodes."""
-    flat = values.transpose(0, 1).flatten(1, 2)  # [BH, S * rows, ...]
-    target[:, work.split_nodes] = flat[:, work.split_rows].to(target.dtype)
+def _scatter_rows(target: torch.Tensor, values: torch.Tensor, work: WorkItems, term=None) -> None:
+    """target[..., node, ...] = values[s, bh, r] (+ ``term(nodes)`` [BH, nodes, ...], before
+    the cast to target's dtype) for the split blocks' rows that are nodes; ``target`` is
+    [BH, N] (``values`` [S, BH, rows]) or [B, H, N, D] in any memory order (``values``
+    [S, BH, rows, D])."""
+    flat = values.transpose(0, 1).flatten(1, 2)[:, work.split_rows]  # [BH, split rows, ...]
+    if term is not None:
+        flat = flat + term(work.split_nodes)
+    node_dim = target.dim() - values.dim() + 2
+    flat = flat.reshape(*target.shape[:node_dim], *flat.shape[1:])
+    target[(slice(None),) * node_dim + (work.split_nodes,)] = flat.to(target.dtype)
 
 
 def merge_forward(out, lse, part_out, part_lse, plan: TilePlan) -> None:
@@ -269,8 +276,9 @@ def merge_forward(out, lse, part_out, part_lse, plan: TilePlan) -> None:
     _scatter_rows(lse, torch.where(no_key, float("inf"), total), work)
 
 
-def merge_sum(target, parts, work: WorkItems) -> None:
-    """Sum the parts of split blocks in a fixed order."""
+def merge_sum(target, parts, work: WorkItems, term=None) -> None:
+    """Sum the parts of split blocks in a fixed order, then add ``term(nodes)`` (fp32 [BH,
+    nodes, D], the rows' term no part has) if given, and round once to target's dtype."""
     if not work.num_parts:
         return
-    _scatter_rows(target, _gather_parts(parts, work).sum(1), work)
+    _scatter_rows(target, _gather_parts(parts, work).sum(1), work, term)

@@ -12,8 +12,10 @@ would reject or run slowly:
 * the tensor-core product on the dtype's operands in the PTX (``wgmma.mma_async`` on sm_90a
   for 64-row tiles, ``mma.sync`` for smaller ones and on sm_80).
 
-Pointers are compiled as 16-byte aligned (the backend guarantees it) and scalars are never
-specialised (``triton_kernels.SCALARS``), so these are the binaries a launch builds.
+Pointers are compiled as 16-byte aligned and the tensors' int64 strides as multiples of 16
+elements (the backend guarantees both, copying a tensor that is neither), and the other
+scalars are never specialised (``triton_kernels.SCALARS``), so these are the binaries a
+launch builds.
 
     python -m fairseq_plugins.graph_attention.triton_aot [--capabilities 80 90] [--json FILE]
 
@@ -125,7 +127,8 @@ def signature(kernel, dtype: str, constants: dict) -> dict:
     for name in kernel.arg_names:
         if name in constants:
             types[name] = "constexpr"
-        elif name in ("q_ptr", "k_ptr", "v_ptr", "out_ptr", "grad_out_ptr", "grad_k_ptr", "grad_v_ptr"):
+        elif name in ("q_ptr", "k_ptr", "v_ptr", "out_ptr", "grad_out_ptr", "grad_q_ptr", "grad_k_ptr",
+                      "grad_v_ptr"):
             types[name] = f"*{element}"
         elif name.endswith("types_ptr"):
             types[name] = "*i16"
@@ -137,6 +140,8 @@ def signature(kernel, dtype: str, constants: dict) -> dict:
             types[name] = "*i64"
         elif name.endswith("_ptr"):
             types[name] = "*fp32"
+        elif name.startswith("stride_"):
+            types[name] = "i64"
         else:
             types[name] = "fp32" if name in ("scale", "dropout_scale") else "i32"
     return types
@@ -155,7 +160,7 @@ def compile_configuration(configuration: Configuration, capability: int) -> Comp
     constants = compile_constants(configuration)
     types = signature(kernel, configuration.dtype, constants)
     aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
-               if types[name].startswith("*")}
+               if types[name].startswith("*") or name.startswith("stride_")}
     log = io.StringIO()
     with contextlib.redirect_stdout(log):  # TRITON_DUMP_PTXAS_LOG prints ptxas -v here
         compiled = triton.compile(

@@ -4,15 +4,19 @@ Forward: one program per (query block or part of it, sentence x head) walks the 
 tiles (``tile_plan``) with an online softmax in fp32 and saves the log-sum-exp. Backward,
 FA2 style: dQ per query block (its kernel also writes Delta = rowsum(dO * O)); dK/dV, in the
 input dtype, per aligned key block over the windows of query slots that read it. Parts of
-split blocks are merged here, in a fixed order.
+split blocks are merged here, in a fixed order. q, k, v, dO and the outputs are
+[B, H, N, D] tensors read and written through their strides: the time-first views fairseq's
+attention hands over go in without a copy, and come back time-first.
 Forward and backward are ``torch.library`` ops over the plan's tensors (``forward_op``,
 ``backward_op``) with fake implementations, so ``torch.compile`` traces them; the dropout
 seed is a tensor on the query's device (``draw_seed``), never read on the host.
 
 The relative-key term is a gathered fp32 table scale * q . rel_key[t] ([BH, N, T], one GEMM);
-its gradient, summed per (row, type) in the dQ kernel, becomes d rel_key and the rest of dQ
-through two GEMMs. dQ, dK and dV use no atomics and are bitwise reproducible; the per-(row,
-type) sums use fp32 atomics, so d rel_key may differ in the last bits between runs.
+its gradient, summed per (row, type) in the dQ kernel, becomes d rel_key through one GEMM
+and dQ's relative-key term in the dQ kernel (fp16/bf16; ``adds_rel_term``). dK and dV, and
+dQ without relative keys, use no atomics and are bitwise reproducible; the per-(row, type)
+sums use fp32 atomics, so d rel_key and, with relative keys, dQ may differ in the last bits
+between runs on a GPU.
 
 Launch configurations are fixed in ``CONFIGS``, per kernel, dtype and head dim: no
 autotuning is possible without a GPU, so they are chosen by the static limits that
@@ -60,7 +64,8 @@ class LaunchConfig:
 # spills, shared memory, tensor cores on sm_80 and sm_90a). The three kernels of a dtype and
 # head dim share one plan, hence one tile size.
 _HALF = {  # fp16 and bf16
-    ("forward", 32): LaunchConfig(64, 32, 4, 2),
+    # 8 warps: at 4, ptxas holds the sm_80 binary to 128 registers and spills
+    ("forward", 32): LaunchConfig(64, 32, 8, 2),
     ("forward", 64): LaunchConfig(64, 32, 4, 2),
     ("forward", 128): LaunchConfig(64, 32, 8, 2),
     ("backward_query", 32): LaunchConfig(64, 32, 4, 2),
@@ -121,6 +126,14 @@ def tiles(dtype: torch.dtype, head_dim: int) -> Tuple[int, int]:
     return config.block_m, config.block_n
 
 
+def adds_rel_term(dtype: torch.dtype) -> bool:
+    """Whether the dQ kernel adds dQ's relative-key term itself (``REL_TERM``): for fp16/bf16,
+    so that dQ is summed in fp32 and rounded once, in the kernel, with no fp32 dQ and no cast
+    around it. fp32 dQ is never rounded, and its head dim 128 binary has no registers to
+    spare for the product (sm_80 spills): the term is added to it after the kernel."""
+    return dtype != torch.float32
+
+
 def kernel_constants(kernel: str, dtype: torch.dtype, head_dim: int, config: LaunchConfig,
                      dropout: bool, upcast=False) -> dict:
     """The constexpr arguments of a launch (shared with the ahead-of-time compile); the key
@@ -128,8 +141,11 @@ def kernel_constants(kernel: str, dtype: torch.dtype, head_dim: int, config: Lau
     rows, cols = config.block_m, config.block_n
     if kernel == "backward_key":
         rows, cols = cols, rows
-    return dict(D=head_dim, BLOCK_M=rows, BLOCK_N=cols, PRECISION=DOT_PRECISION[dtype],
-                DROPOUT=dropout, UPCAST=upcast)
+    constants = dict(D=head_dim, BLOCK_M=rows, BLOCK_N=cols, PRECISION=DOT_PRECISION[dtype],
+                     DROPOUT=dropout, UPCAST=upcast)
+    if kernel == "backward_query":
+        constants["REL_TERM"] = adds_rel_term(dtype)
+    return constants
 
 
 def device_guard(tensor: torch.Tensor):
@@ -154,6 +170,29 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
+def _strides(t: torch.Tensor) -> Tuple[int, int, int]:
+    """The batch, head and node strides of a [B, H, N, D] tensor as the kernels take them: a
+    dim of size 1 gets stride 0 (never read; Triton would specialise a stride of 1)."""
+    return tuple(0 if t.size(dim) == 1 else t.stride(dim) for dim in range(3))
+
+
+def _in_place(t: torch.Tensor) -> torch.Tensor:
+    """A [B, H, N, D] tensor the kernels read where it is (fairseq's time-first views
+    included): unit stride over D, the other strides multiples of 16 elements and a 16-byte
+    aligned start, the specialisation the binaries are compiled for; else a contiguous copy."""
+    if (t.stride(-1) == 1 and all(s % 16 == 0 for s in _strides(t)) and t.data_ptr() % 16 == 0):
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+def empty_in_layout(t: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """An empty [B, H, N, D] tensor whose dims lie in memory in the order of ``t``'s strides
+    (D innermost): the output and gradients of time-first inputs are time-first, so that
+    fairseq's merge of heads and the projections' backward read them as views."""
+    order = sorted(range(3), key=lambda dim: -t.stride(dim))  # stable: ties keep dim order
+    return torch.empty_permuted(t.shape, (*order, 3), dtype=dtype or t.dtype, device=t.device)
+
+
 def _scalars(rel_table, pad, lse, seed, num_nodes, heads, batch_heads, scale, dropout_p):
     """The trailing kernel arguments shared by the three kernels (without relative keys,
     the table's pointer is lse, never read)."""
@@ -170,20 +209,22 @@ def _scalars(rel_table, pad, lse, seed, num_nodes, heads, batch_heads, scale, dr
 # ``attention_backward`` are their implementations (what a glue count steps into).
 
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, rel_key: Optional[Tensor], pad: Tensor,
-               plan: List[Tensor], plan_sizes: List[int], heads: int, scale: float,
-               dropout_p: float, seed: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-    """q, k, v: [BH, N, D]; pad: uint8 [B, N] (1 = absent); plan: ``TilePlan.tensors()``,
-    plan_sizes: ``TilePlan.sizes()``; seed: int64 scalar on the device. Returns (out
-    [BH, N, D], lse fp32 [BH, N], the fp32 table scale * q . rel_key [BH, N, T], [0]
-    without relative keys)."""
+                      plan: List[Tensor], plan_sizes: List[int], scale: float, dropout_p: float,
+                      seed: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """q, k, v: [B, H, N, D], any strides (``_in_place``); pad: uint8 [B, N] (1 = absent);
+    plan: ``TilePlan.tensors()``, plan_sizes: ``TilePlan.sizes()``; seed: int64 scalar on
+    the device. Returns (out [B, H, N, D] in q's memory order (``empty_in_layout``), lse fp32
+    [B*H, N], the fp32 table scale * q . rel_key [B*H*N, T], [0] without relative keys)."""
     with autocast_off(q.device):
-        bh, num_nodes, dim = q.shape
-        q, k, v, pad, seed = (_aligned(x) for x in (q, k, v, pad, seed))
+        bsz, heads, num_nodes, dim = q.shape
+        bh = bsz * heads
+        q, k, v = (_in_place(x) for x in (q, k, v))
+        pad, seed = _aligned(pad), _aligned(seed)
         tiles = TilePlan.from_tensors(plan, plan_sizes, num_nodes)
         rel_table = q.new_empty(0, dtype=torch.float32)
         if rel_key is not None:  # scale * q . rel_key[t] for every row and type
-            rel_table = _aligned((q.float() @ rel_key.float().t()).mul_(scale))
-        out = torch.empty_like(q)
+            rel_table = (_rows_fp32(q) @ rel_key.float().t()).mul_(scale)
+        out = empty_in_layout(q)
         lse = torch.empty(bh, num_nodes, device=q.device)
         work = tiles.query_work
         part_out = torch.empty(work.num_parts, bh, tiles.block_m, dim, device=q.device)
@@ -191,9 +232,16 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, rel_key: Optional[Tensor]
         scalars = _scalars(rel_table, pad, lse, seed, num_nodes, heads, bh, scale, dropout_p)
         _launch("forward", (work.items.size(0), bh), q.dtype, dim, dropout_p > 0,
                 q, k, v, out, lse, part_out, part_lse, tiles.slot_node, work.items,
-                tiles.tile_start, tiles.tile_types, *scalars)
+                tiles.tile_start, tiles.tile_types, *scalars[:2],
+                *_strides(q), *_strides(k), *_strides(v), *_strides(out), *scalars[2:])
         merge_forward(out, lse, part_out, part_lse, tiles)
         return out, lse, rel_table
+
+
+def _rows_fp32(q: Tensor) -> Tensor:
+    """q as fp32 [B*H*N, D] rows in (sentence, head, node) order, for the relative-key GEMMs:
+    one op that casts and lays out (a reshape of a time-first view would copy again)."""
+    return q.to(torch.float32, memory_format=torch.contiguous_format).reshape(-1, q.size(-1))
 
 
 forward_op = torch.library.custom_op("fairseq_plugins::triton_graph_attention", mutates_args=())(
@@ -201,54 +249,70 @@ forward_op = torch.library.custom_op("fairseq_plugins::triton_graph_attention", 
 
 
 @forward_op.register_fake
-def _forward_fake(q, k, v, rel_key, pad, plan, plan_sizes, heads, scale, dropout_p, seed):
-    bh, num_nodes, _ = q.shape
-    table = (0,) if rel_key is None else (bh, num_nodes, rel_key.size(0))
-    return (q.new_empty(q.shape), q.new_empty((bh, num_nodes), dtype=torch.float32),
+def _forward_fake(q, k, v, rel_key, pad, plan, plan_sizes, scale, dropout_p, seed):
+    bsz, heads, num_nodes, _ = q.shape
+    table = (0,) if rel_key is None else (bsz * heads * num_nodes, rel_key.size(0))
+    return (empty_in_layout(q), q.new_empty((bsz * heads, num_nodes), dtype=torch.float32),
             q.new_empty(table, dtype=torch.float32))
 
 
 def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                rel_key: Optional[Tensor], rel_table: Tensor, pad: Tensor, plan: List[Tensor],
-                plan_sizes: List[int], heads: int, scale: float, dropout_p: float,
-                seed: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(d q, d k, d v in q's dtype, d rel_key in its own dtype, [0] without), recomputed
-    from ``lse``, under the forward's dropout mask (the same seed tensor)."""
+                       rel_key: Optional[Tensor], rel_table: Tensor, pad: Tensor, plan: List[Tensor],
+                       plan_sizes: List[int], scale: float, dropout_p: float,
+                       seed: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(d q, d k, d v in q's dtype, each in its input's memory order, d rel_key in its own
+    dtype, [0] without), recomputed from ``lse``, under the forward's dropout mask (the same
+    seed tensor). Every [B, H, N, D] input is read in place (``_in_place``)."""
     with autocast_off(q.device):
-        bh, num_nodes, dim = q.shape
+        bsz, heads, num_nodes, dim = q.shape
+        bh = bsz * heads
         device = q.device
-        grad_out, q, k, v, out, pad, seed = (_aligned(x) for x in (grad_out, q, k, v, out, pad, seed))
+        grad_out, q, k, v, out = (_in_place(x) for x in (grad_out, q, k, v, out))
+        pad, seed = _aligned(pad), _aligned(seed)
         tiles = TilePlan.from_tensors(plan, plan_sizes, num_nodes)
         delta = torch.empty(bh, num_nodes, device=device)  # rowsum(dO * O), by the dQ kernel
         scalars = _scalars(rel_table, pad, lse, seed, num_nodes, heads, bh, scale, dropout_p)
 
         work = tiles.query_work
-        grad_q = torch.empty(bh, num_nodes, dim, device=device)
+        grad_q = empty_in_layout(q)  # written in q's dtype by the kernel
         part_grad_q = torch.empty(work.num_parts, bh, tiles.block_m, dim, device=device)
-        grad_rows = lse if rel_key is None else torch.zeros_like(rel_table)
+        grad_rows, rel_key32 = lse, lse  # (pointers never read without relative keys)
+        if rel_key is not None:
+            grad_rows, rel_key32 = torch.zeros_like(rel_table), _aligned(rel_key.float())
         _launch("backward_query", (work.items.size(0), bh), q.dtype, dim, dropout_p > 0,
-                q, k, v, out, grad_out, lse, delta, grad_q, part_grad_q, grad_rows, tiles.slot_node,
-                work.items, tiles.tile_start, tiles.tile_types, *scalars)
-        merge_sum(grad_q, part_grad_q, work)
+                q, k, v, out, grad_out, lse, delta, grad_q, part_grad_q, grad_rows, rel_key32,
+                tiles.slot_node, work.items, tiles.tile_start, tiles.tile_types, *scalars[:2],
+                *_strides(q), *_strides(k), *_strides(v), *_strides(out), *_strides(grad_out),
+                *_strides(grad_q), *scalars[2:])
+        rel_term = None
+        if rel_key is not None:
+            grad_rows.mul_(scale)  # d(score) summed per (row, type), scaled: d rel_key's rows
+
+            def rel_term(nodes):  # dQ's relative-key term of these nodes, fp32 [BH, nodes, D]
+                return grad_rows.view(bh, num_nodes, -1)[:, nodes] @ rel_key32
+        if adds_rel_term(q.dtype):  # split rows: the term joins the parts' fp32 sum, rounded once
+            merge_sum(grad_q, part_grad_q, work, rel_term)
+        else:  # fp32 dQ: the term is added to every row here
+            merge_sum(grad_q, part_grad_q, work)
+            if rel_term is not None:
+                grad_q += rel_term(slice(None)).view(q.shape)
 
         work = tiles.key_work
-        grad_k, grad_v = (torch.empty_like(q) for _ in range(2))  # written in q's dtype
+        grad_k, grad_v = empty_in_layout(k, q.dtype), empty_in_layout(v, q.dtype)
         part_grad_k, part_grad_v = (torch.empty(work.num_parts, bh, tiles.block_m, dim,
                                                 device=device) for _ in range(2))
         _launch("backward_key", (work.items.size(0), bh), q.dtype, dim, dropout_p > 0,
                 q, k, v, grad_out, lse, delta, grad_k, grad_v, part_grad_k, part_grad_v,
                 tiles.slot_node, tiles.slot_node.numel(), work.items, tiles.window_start,
-                tiles.window_types, *scalars)
+                tiles.window_types, *scalars[:2], *_strides(q), *_strides(k), *_strides(v),
+                *_strides(grad_out), *_strides(grad_k), *_strides(grad_v), *scalars[2:])
         merge_sum(grad_k, part_grad_k, work)
         merge_sum(grad_v, part_grad_v, work)
 
         grad_rel = q.new_empty(0)
-        if rel_key is not None:  # d(score) summed per (row, type): the relative-key terms
-            grad_rows.mul_(scale)
-            grad_q += grad_rows @ rel_key.float()
-            grad_rel = (grad_rows.reshape(-1, grad_rows.size(-1)).t()
-                        @ q.reshape(-1, dim).float()).to(rel_key.dtype)
-        return grad_q.to(q.dtype), grad_k, grad_v, grad_rel
+        if rel_key is not None:
+            grad_rel = (grad_rows.t() @ _rows_fp32(q)).to(rel_key.dtype)
+        return grad_q, grad_k, grad_v, grad_rel
 
 
 backward_op = torch.library.custom_op("fairseq_plugins::triton_graph_attention_backward", mutates_args=())(
@@ -256,31 +320,32 @@ backward_op = torch.library.custom_op("fairseq_plugins::triton_graph_attention_b
 
 
 @backward_op.register_fake
-def _backward_fake(grad_out, q, k, v, out, lse, rel_key, rel_table, pad, plan, plan_sizes, heads,
+def _backward_fake(grad_out, q, k, v, out, lse, rel_key, rel_table, pad, plan, plan_sizes,
                    scale, dropout_p, seed):
     grad_rel = q.new_empty(0) if rel_key is None else rel_key.new_empty(rel_key.shape)
-    return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape), grad_rel
+    return (empty_in_layout(q), empty_in_layout(k, q.dtype), empty_in_layout(v, q.dtype),
+            grad_rel)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, rel_key, pad, plan, plan_sizes, heads, scale, dropout_p, seed = inputs
+    q, k, v, rel_key, pad, plan, plan_sizes, scale, dropout_p, seed = inputs
     out, lse, rel_table = output
     ctx.save_for_backward(q, k, v, out, lse, rel_key, rel_table, pad, seed, *plan)
-    ctx.scalars = (plan_sizes, heads, scale, dropout_p)
+    ctx.scalars = (plan_sizes, scale, dropout_p)
     ctx.set_materialize_grads(False)  # lse and the table get no gradient: no zeros to fill
 
 
 def _backward(ctx, grad_out, grad_lse, grad_table):
     q, k, v, out, lse, rel_key, rel_table, pad, seed, *plan = ctx.saved_tensors
-    plan_sizes, heads, scale, dropout_p = ctx.scalars
+    plan_sizes, scale, dropout_p = ctx.scalars
     if grad_out is None:  # the output does not reach the loss
         grad_out = torch.zeros_like(out)
     grad_q, grad_k, grad_v, grad_rel = backward_op(
-        grad_out, q, k, v, out, lse, rel_key, rel_table, pad, plan, plan_sizes, heads, scale,
+        grad_out, q, k, v, out, lse, rel_key, rel_table, pad, plan, plan_sizes, scale,
         dropout_p, seed)
     # (the list of plan tensors gets a list of Nones: the inputs' structure)
     return (grad_q, grad_k, grad_v, None if rel_key is None else grad_rel, None, [None] * len(plan),
-            None, None, None, None, None)
+            None, None, None, None)
 
 
 torch.library.register_autograd("fairseq_plugins::triton_graph_attention", _backward,
@@ -315,16 +380,16 @@ def triton_graph_attention(query, key, value, graph, rel_key=None, key_padding_m
 
 def attend(query, key, value, plan: TilePlan, rel_key, key_padding_mask, scale: float,
            dropout_p: float) -> torch.Tensor:
-    """The op over ``plan`` (which the tests build with other work splits)."""
-    bsz, heads, num_nodes, dim = query.shape
-    q, k, v = (x.reshape(bsz * heads, num_nodes, dim) for x in (query, key, value))
+    """The op over ``plan`` (which the tests build with other work splits); query, key,
+    value go in as they are (views of fairseq's time-first layout included)."""
+    bsz, _, num_nodes, _ = query.shape
     if key_padding_mask is None:  # one binary for both: a mask with every key present
         pad = torch.zeros(bsz, num_nodes, device=query.device, dtype=torch.uint8)
     else:
         pad = key_padding_mask.to(device=query.device, dtype=torch.uint8)
-    out, _, _ = forward_op(q, k, v, rel_key, pad, list(plan.tensors()), list(plan.sizes()), heads,
+    out, _, _ = forward_op(query, key, value, rel_key, pad, list(plan.tensors()), list(plan.sizes()),
                            scale, dropout_p, draw_seed(query.device, dropout_p))
-    return out.view(query.shape)
+    return out
 
 
 def prepare(query: torch.Tensor, graph: AttentionGraph) -> None:

@@ -15,16 +15,27 @@ are fp32; every product has the input precision ``PRECISION`` (tf32x3 for fp32 o
 Triton issue 11584). Dropout keeps an edge when a hash of (seed, batch x head, query
 node, key node) passes a threshold, so the backward regenerates the same mask in any order;
 the seed is a device tensor (``seed_ptr``), drawn on the device by the caller.
+
+Every [B, H, N, D] tensor (q, k, v, the output, dO and the gradients) is read or written
+through its own element strides of the batch, head and node dims (``stride_<x>b``,
+``stride_<x>h``, ``stride_<x>n``; unit stride over D), so that views of fairseq's time-first
+[N, B, H, D] layout need no copy. Strides are int64 and the offsets built from them too
+(a tensor may exceed 2^31 elements); they are specialised on divisibility by 16, which the
+caller guarantees (a contiguous copy otherwise), so rows load in 16-byte vectors.
 """
 
 import triton
 import triton.language as tl
 
-# scalars are never specialised (on divisibility by 16 or on being 1), so that the binaries
-# launched are exactly those that ``triton_aot`` compiles ahead of time. Relative keys are a
+# scalars but the strides are never specialised (on divisibility by 16 or on being 1), and
+# the strides always are multiples of 16 (never 1), so that the binaries launched are
+# exactly those that ``triton_aot`` compiles ahead of time. Relative keys are a
 # runtime flag (it masks the gather and the atomics; a branch would cost registers), padding
 # is always read (an all-present mask without one); only dropout is a constexpr (a branch
 # around the hash costs about 40 registers), so each configuration has two binaries.
+# relative-key types per step of the dQ kernel's [rows, types] x [types, D] product
+REL_TYPES_PER_STEP = tl.constexpr(16)
+
 SCALARS = ["num_nodes", "num_types", "heads", "num_batch_heads", "scale", "dropout_threshold",
            "dropout_scale", "has_rel"]
 
@@ -81,10 +92,21 @@ def _key_ok(pad_ptr, bh, heads, key_node, num_nodes):
 
 
 @triton.jit
-def _load_rows(base, nodes, present, D: tl.constexpr, UPCAST: tl.constexpr):
-    """[len(nodes), D] rows of one [N, D] matrix (zeros where not ``present``)."""
-    x = tl.load(base + nodes[:, None] * D + tl.arange(0, D)[None, :], mask=present[:, None],
-                other=0.0)
+def _head(ptr, bh, heads, stride_b, stride_h):
+    """Where (sentence, head) ``bh`` of a [B, H, N, D] tensor starts (int64 offsets)."""
+    return ptr + (bh // heads).to(tl.int64) * stride_b + (bh % heads).to(tl.int64) * stride_h
+
+
+@triton.jit
+def _row_offsets(nodes, stride_n, D: tl.constexpr):
+    """[len(nodes), D] element offsets of rows ``nodes`` from a head's start (int64)."""
+    return (nodes.to(tl.int64) * stride_n)[:, None] + tl.arange(0, D)[None, :]
+
+
+@triton.jit
+def _load_rows(base, nodes, stride_n, present, D: tl.constexpr, UPCAST: tl.constexpr):
+    """[len(nodes), D] rows of one head's [N, D] matrix (zeros where not ``present``)."""
+    x = tl.load(base + _row_offsets(nodes, stride_n, D), mask=present[:, None], other=0.0)
     if UPCAST:
         x = x.to(tl.float32)
     return x
@@ -98,19 +120,23 @@ def _query_rows(slot_node_ptr, block, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def _forward_tile(q, query_node, tile_start_ptr, tile, types_ptr, k_base, rel_base, pad_ptr, bh,
-                  heads, num_nodes, num_types, scale, has_rel, D: tl.constexpr,
+def _forward_tile(q, query_node, tile_start_ptr, tile, types_ptr, k_base, stride_kn, rel_base,
+                  pad_ptr, bh, heads, num_nodes, num_types, scale, has_rel, D: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
                   UPCAST: tl.constexpr):
-    """(key nodes, keys, types, scores, edge mask) of one tile of a query block."""
+    """(first key node, key nodes, keys, types, scores, edge mask) of one tile of a query
+    block. Its keys are consecutive nodes: their rows are addressed from the first one's
+    (one int64 product per tile, the columns' offsets small: fewer registers)."""
     cols = tl.arange(0, BLOCK_N)
-    key_node = tl.load(tile_start_ptr + tile) + cols
+    start = tl.load(tile_start_ptr + tile)
+    key_node = start + cols
     key_ok = _key_ok(pad_ptr, bh, heads, key_node, num_nodes)
-    k = _load_rows(k_base, key_node, key_node < num_nodes, D, UPCAST)
+    k = _load_rows(k_base + start.to(tl.int64) * stride_kn, cols, stride_kn, key_node < num_nodes,
+                   D, UPCAST)
     types = tl.load(types_ptr + tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + cols[None, :])
     s, valid = _tile_scores(q, k, types, key_ok[None, :], rel_base, query_node[:, None],
                             num_types, scale, has_rel, PRECISION)
-    return key_node, k, types, s, valid
+    return start, key_node, k, types, s, valid
 
 
 @triton.jit
@@ -124,6 +150,10 @@ def _item(items_ptr):
 def forward_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr,
     slot_node_ptr, items_ptr, tile_start_ptr, tile_types_ptr, rel_ptr, pad_ptr,
+    stride_qb: tl.int64, stride_qh: tl.int64, stride_qn: tl.int64,
+    stride_kb: tl.int64, stride_kh: tl.int64, stride_kn: tl.int64,
+    stride_vb: tl.int64, stride_vh: tl.int64, stride_vn: tl.int64,
+    stride_ob: tl.int64, stride_oh: tl.int64, stride_on: tl.int64,
     num_nodes, num_types, heads, num_batch_heads, scale, seed_ptr, dropout_threshold, dropout_scale,
     has_rel, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr, DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
@@ -131,10 +161,12 @@ def forward_kernel(
     """Output and log-sum-exp of one query block (or of a part of its tiles)."""
     block, first_tile, end_tile, part = _item(items_ptr)
     bh = tl.program_id(1)
-    matrix = bh.to(tl.int64) * num_nodes * D  # this (sentence, head)'s [N, D] rows
+    k_base = _head(k_ptr, bh, heads, stride_kb, stride_kh)
+    v_base = _head(v_ptr, bh, heads, stride_vb, stride_vh)
     rows = tl.arange(0, BLOCK_M)
     query_node, row_present = _query_rows(slot_node_ptr, block, BLOCK_M)
-    q = _load_rows(q_ptr + matrix, query_node, row_present, D, UPCAST)
+    q = _load_rows(_head(q_ptr, bh, heads, stride_qb, stride_qh), query_node, stride_qn,
+                   row_present, D, UPCAST)
     rel_base = rel_ptr + bh.to(tl.int64) * num_nodes * num_types
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -142,8 +174,8 @@ def forward_kernel(
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     types_ptr = tile_types_ptr + first_tile.to(tl.int64) * (BLOCK_M * BLOCK_N)
     for tile in range(first_tile, end_tile):
-        key_node, k, types, s, valid = _forward_tile(
-            q, query_node, tile_start_ptr, tile, types_ptr, k_ptr + matrix, rel_base, pad_ptr,
+        start, key_node, k, types, s, valid = _forward_tile(
+            q, query_node, tile_start_ptr, tile, types_ptr, k_base, stride_kn, rel_base, pad_ptr,
             bh, heads, num_nodes, num_types, scale, has_rel, D, BLOCK_M, BLOCK_N, PRECISION,
             UPCAST)
         types_ptr += BLOCK_M * BLOCK_N
@@ -156,7 +188,8 @@ def forward_kernel(
             keep = _keep(seed_ptr, bh, query_node[:, None], key_node[None, :], num_nodes,
                          dropout_threshold)
             p = tl.where(keep, p * dropout_scale, 0.0)
-        v = _load_rows(v_ptr + matrix, key_node, key_node < num_nodes, D, UPCAST)
+        v = _load_rows(v_base + start.to(tl.int64) * stride_vn, tl.arange(0, BLOCK_N), stride_vn,
+                       key_node < num_nodes, D, UPCAST)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
@@ -165,7 +198,8 @@ def forward_kernel(
     lse = m_i + tl.log(tl.where(has_key, l_i, 1.0))
     d = tl.arange(0, D)
     if part < 0:  # the block's only item: final rows; a row without a key has lse = +inf
-        tl.store(out_ptr + matrix + query_node[:, None] * D + d[None, :],
+        tl.store(_head(out_ptr, bh, heads, stride_ob, stride_oh)
+                 + _row_offsets(query_node, stride_on, D),
                  out.to(out_ptr.dtype.element_ty), mask=row_present[:, None])
         tl.store(lse_ptr + bh.to(tl.int64) * num_nodes + query_node,
                  tl.where(has_key, lse, float("inf")), mask=row_present)
@@ -178,25 +212,42 @@ def forward_kernel(
 @triton.jit(do_not_specialize=SCALARS)
 def backward_query_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, grad_out_ptr, lse_ptr, delta_ptr, grad_q_ptr, part_grad_q_ptr,
-    grad_rel_ptr, slot_node_ptr, items_ptr, tile_start_ptr, tile_types_ptr, rel_ptr, pad_ptr,
+    grad_rel_ptr, rel_key_ptr, slot_node_ptr, items_ptr, tile_start_ptr, tile_types_ptr, rel_ptr,
+    pad_ptr, stride_qb: tl.int64, stride_qh: tl.int64, stride_qn: tl.int64,
+    stride_kb: tl.int64, stride_kh: tl.int64, stride_kn: tl.int64,
+    stride_vb: tl.int64, stride_vh: tl.int64, stride_vn: tl.int64,
+    stride_ob: tl.int64, stride_oh: tl.int64, stride_on: tl.int64,
+    stride_dob: tl.int64, stride_doh: tl.int64, stride_don: tl.int64,
+    stride_dqb: tl.int64, stride_dqh: tl.int64, stride_dqn: tl.int64,
     num_nodes, num_types, heads, num_batch_heads, scale, seed_ptr, dropout_threshold, dropout_scale,
     has_rel, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr, DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr, DROPOUT: tl.constexpr, UPCAST: tl.constexpr, REL_TERM: tl.constexpr,
 ):
-    """dQ (fp32, without the relative-key term) of one query block or part; with has_rel,
-    d(score) summed per (row, edge type) into grad_rel [BH, N, T] (atomics). Also writes
-    Delta = rowsum(dO * O) of the block's rows, which the key kernel reads (every part of a
-    split block writes the same values)."""
+    """dQ of one query block, in the input dtype, or of a part of a split block, in fp32;
+    with has_rel, d(score) summed per (row, edge type) into grad_rel [BH, N, T] (atomics).
+    Also writes Delta = rowsum(dO * O) of the block's rows, which the key kernel reads
+    (every part of a split block writes the same values).
+
+    With ``REL_TERM`` (fp16/bf16), the relative-key term of dQ, sum_t grad_rel[row, t] *
+    rel_key[t] (``rel_key_ptr``: fp32 [T, D]), is added in fp32 before the one rounding to the
+    input dtype, so it needs a row's complete sums: a block done by one program adds it here
+    (its rows' sums are all its own atomics: after a barrier, read back from L2); the parts of
+    a split block leave it to the merge, which adds it to their fp32 sum. Without (fp32), the
+    caller adds it to the fp32 dQ."""
     block, first_tile, end_tile, part = _item(items_ptr)
     bh = tl.program_id(1)
-    matrix = bh.to(tl.int64) * num_nodes * D
+    k_base = _head(k_ptr, bh, heads, stride_kb, stride_kh)
+    v_base = _head(v_ptr, bh, heads, stride_vb, stride_vh)
     vector = bh.to(tl.int64) * num_nodes
     rows = tl.arange(0, BLOCK_M)
     query_node, row_present = _query_rows(slot_node_ptr, block, BLOCK_M)
-    q = _load_rows(q_ptr + matrix, query_node, row_present, D, UPCAST)
-    grad_out = _load_rows(grad_out_ptr + matrix, query_node, row_present, D, UPCAST)
+    q = _load_rows(_head(q_ptr, bh, heads, stride_qb, stride_qh), query_node, stride_qn,
+                   row_present, D, UPCAST)
+    grad_out = _load_rows(_head(grad_out_ptr, bh, heads, stride_dob, stride_doh), query_node,
+                          stride_don, row_present, D, UPCAST)
     lse = tl.load(lse_ptr + vector + query_node, mask=row_present, other=float("inf"))
-    out = _load_rows(out_ptr + matrix, query_node, row_present, D, UPCAST)
+    out = _load_rows(_head(out_ptr, bh, heads, stride_ob, stride_oh), query_node, stride_on,
+                     row_present, D, UPCAST)
     delta = tl.sum(grad_out.to(tl.float32) * out.to(tl.float32), 1)
     tl.store(delta_ptr + vector + query_node, delta, mask=row_present)
     rel_base = rel_ptr + vector * num_types
@@ -205,12 +256,13 @@ def backward_query_kernel(
     grad_q = tl.zeros([BLOCK_M, D], tl.float32)
     types_ptr = tile_types_ptr + first_tile.to(tl.int64) * (BLOCK_M * BLOCK_N)
     for tile in range(first_tile, end_tile):
-        key_node, k, types, s, valid = _forward_tile(
-            q, query_node, tile_start_ptr, tile, types_ptr, k_ptr + matrix, rel_base, pad_ptr,
+        start, key_node, k, types, s, valid = _forward_tile(
+            q, query_node, tile_start_ptr, tile, types_ptr, k_base, stride_kn, rel_base, pad_ptr,
             bh, heads, num_nodes, num_types, scale, has_rel, D, BLOCK_M, BLOCK_N, PRECISION,
             UPCAST)
         types_ptr += BLOCK_M * BLOCK_N
-        v = _load_rows(v_ptr + matrix, key_node, key_node < num_nodes, D, UPCAST)
+        v = _load_rows(v_base + start.to(tl.int64) * stride_vn, tl.arange(0, BLOCK_N), stride_vn,
+                       key_node < num_nodes, D, UPCAST)
         p = tl.exp(s - lse[:, None])
         grad_p = tl.dot(grad_out, tl.trans(v), input_precision=PRECISION)
         if DROPOUT:
@@ -222,12 +274,24 @@ def backward_query_kernel(
         tl.atomic_add(grad_rel_base + query_node[:, None] * num_types + types, grad_s,
                       mask=_flag(valid & row_present[:, None], has_rel), sem="relaxed")
 
-    grad_q *= scale
     d = tl.arange(0, D)
     if part < 0:
-        tl.store(grad_q_ptr + matrix + query_node[:, None] * D + d[None, :], grad_q,
+        if REL_TERM and has_rel != 0:
+            tl.debug_barrier()  # every thread's atomics performed before the sums are read
+            for first_type in range(0, num_types, REL_TYPES_PER_STEP):
+                rel_type = first_type + tl.arange(0, REL_TYPES_PER_STEP)
+                sums = tl.load(grad_rel_base + query_node[:, None] * num_types + rel_type[None, :],
+                               mask=row_present[:, None] & (rel_type < num_types)[None, :],
+                               other=0.0, cache_modifier=".cg")
+                rel_key = tl.load(rel_key_ptr + rel_type[:, None] * D + d[None, :],
+                                  mask=(rel_type < num_types)[:, None], other=0.0)
+                grad_q += tl.dot(sums, rel_key, input_precision="tf32x3")
+        grad_q *= scale
+        tl.store(_head(grad_q_ptr, bh, heads, stride_dqb, stride_dqh)
+                 + _row_offsets(query_node, stride_dqn, D), grad_q.to(grad_q_ptr.dtype.element_ty),
                  mask=row_present[:, None])
     else:
+        grad_q *= scale
         offset = (part.to(tl.int64) * num_batch_heads + bh) * BLOCK_M * D
         tl.store(part_grad_q_ptr + offset + rows[:, None] * D + d[None, :], grad_q)
 
@@ -237,6 +301,12 @@ def backward_key_kernel(
     q_ptr, k_ptr, v_ptr, grad_out_ptr, lse_ptr, delta_ptr, grad_k_ptr, grad_v_ptr,
     part_grad_k_ptr, part_grad_v_ptr, slot_node_ptr, num_slots, items_ptr, window_start_ptr,
     window_types_ptr, rel_ptr, pad_ptr,
+    stride_qb: tl.int64, stride_qh: tl.int64, stride_qn: tl.int64,
+    stride_kb: tl.int64, stride_kh: tl.int64, stride_kn: tl.int64,
+    stride_vb: tl.int64, stride_vh: tl.int64, stride_vn: tl.int64,
+    stride_dob: tl.int64, stride_doh: tl.int64, stride_don: tl.int64,
+    stride_dkb: tl.int64, stride_dkh: tl.int64, stride_dkn: tl.int64,
+    stride_dvb: tl.int64, stride_dvh: tl.int64, stride_dvn: tl.int64,
     num_nodes, num_types, heads, num_batch_heads, scale, seed_ptr, dropout_threshold, dropout_scale,
     has_rel, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr, DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
@@ -246,15 +316,18 @@ def backward_key_kernel(
     the input dtype (a part of a split block in fp32, summed before the cast)."""
     block, first_window, end_window, part = _item(items_ptr)
     bh = tl.program_id(1)
-    matrix = bh.to(tl.int64) * num_nodes * D
+    q_base = _head(q_ptr, bh, heads, stride_qb, stride_qh)
+    grad_out_base = _head(grad_out_ptr, bh, heads, stride_dob, stride_doh)
     vector = bh.to(tl.int64) * num_nodes
     keys = tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)
     key_node = block * BLOCK_N + keys
     key_exists = key_node < num_nodes
     key_ok = _key_ok(pad_ptr, bh, heads, key_node, num_nodes)
-    k = _load_rows(k_ptr + matrix, key_node, key_exists, D, UPCAST)
-    v = _load_rows(v_ptr + matrix, key_node, key_exists, D, UPCAST)
+    k = _load_rows(_head(k_ptr, bh, heads, stride_kb, stride_kh), key_node, stride_kn,
+                   key_exists, D, UPCAST)
+    v = _load_rows(_head(v_ptr, bh, heads, stride_vb, stride_vh), key_node, stride_vn,
+                   key_exists, D, UPCAST)
     rel_base = rel_ptr + vector * num_types
 
     grad_k = tl.zeros([BLOCK_N, D], tl.float32)
@@ -265,8 +338,8 @@ def backward_key_kernel(
         query_node = tl.load(slot_node_ptr + slot, mask=slot < num_slots, other=-1)
         row_present = query_node >= 0
         query_node = tl.maximum(query_node, 0)
-        q = _load_rows(q_ptr + matrix, query_node, row_present, D, UPCAST)
-        grad_out = _load_rows(grad_out_ptr + matrix, query_node, row_present, D, UPCAST)
+        q = _load_rows(q_base, query_node, stride_qn, row_present, D, UPCAST)
+        grad_out = _load_rows(grad_out_base, query_node, stride_don, row_present, D, UPCAST)
         lse = tl.load(lse_ptr + vector + query_node, mask=row_present, other=float("inf"))
         delta = tl.load(delta_ptr + vector + query_node, mask=row_present, other=0.0)
         types = tl.load(types_ptr + keys[:, None] * BLOCK_M + rows[None, :])
@@ -289,11 +362,12 @@ def backward_key_kernel(
     grad_k *= scale
     d = tl.arange(0, D)
     if part < 0:
-        offset = matrix + key_node[:, None] * D + d[None, :]
-        tl.store(grad_k_ptr + offset, grad_k.to(grad_k_ptr.dtype.element_ty),
-                 mask=key_exists[:, None])
-        tl.store(grad_v_ptr + offset, grad_v.to(grad_v_ptr.dtype.element_ty),
-                 mask=key_exists[:, None])
+        tl.store(_head(grad_k_ptr, bh, heads, stride_dkb, stride_dkh)
+                 + _row_offsets(key_node, stride_dkn, D),
+                 grad_k.to(grad_k_ptr.dtype.element_ty), mask=key_exists[:, None])
+        tl.store(_head(grad_v_ptr, bh, heads, stride_dvb, stride_dvh)
+                 + _row_offsets(key_node, stride_dvn, D),
+                 grad_v.to(grad_v_ptr.dtype.element_ty), mask=key_exists[:, None])
     else:
         offset = (part.to(tl.int64) * num_batch_heads + bh) * BLOCK_N * D
         offset += keys[:, None] * D + d[None, :]
