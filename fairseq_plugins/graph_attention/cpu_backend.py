@@ -138,14 +138,8 @@ torch.library.register_autograd("fairseq_plugins::cpu_graph_attention", _backwar
 
 def cpu_graph_attention(query, key, value, graph, rel_key=None, key_padding_mask=None,
                         dropout_p=0.0, scale=None):
-    """Backend function (see ``graph_attention`` for the semantics)."""
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    reason = refuses(query, graph, dropout_p)
-    if reason is not None:
-        raise ValueError(f"the cpu graph attention backend: {reason}")
-    if scale is None:
-        scale = query.size(-1) ** -0.5
+    """Backend function (see ``graph_attention`` for the semantics), called by it with checked
+    inputs that this backend accepts (``refuses``) and a float scale."""
     if graph.num_edges == 0:  # no row has a key
         return torch.zeros_like(query)
     bsz, heads, num_nodes, dim = query.shape
