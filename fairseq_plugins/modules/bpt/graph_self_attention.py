@@ -86,9 +86,10 @@ class GraphSelfAttention(nn.Module):
             key_padding_mask = key_padding_mask.bool()
         out = graph_attention(q, k, v, graph, self.rel_key, key_padding_mask,
                               dropout_p=self.dropout if self.training else 0.0, backend=self.backend)
-        if out_rows is not None:
-            out = out[:, :, :out_rows]
-        return self.out_proj(merge_heads(out))
+        out = merge_heads(out)  # a view of the kernels' time-first output
+        if out_rows is not None:  # sliced time-first: its backward's zero-filled gradient is time-first too
+            out = out[:out_rows]
+        return self.out_proj(out)
 
     def _cached_keys_values(self, incremental_state, k: Tensor, v: Tensor, num_keys: int):
         """Write this step's keys/values ([B, H, new, D]) into the cache slots just before

@@ -46,9 +46,11 @@ def graph_side_config(cfg):
 
 
 def _nodes(tokens: Tensor, num_nodes: int) -> Tensor:
-    """[B, T, C] token states -> [N, B, C] node states, span nodes starting at zero."""
-    spans = tokens.new_zeros(tokens.size(0), num_nodes - tokens.size(1), tokens.size(2))
-    return torch.cat([tokens, spans], 1).transpose(0, 1)
+    """[B, T, C] token states -> contiguous [N, B, C] node states, span nodes starting at zero
+    (time-first in memory too: the layers' element-wise ops and layer norms then run on
+    contiguous rows)."""
+    spans = tokens.new_zeros(num_nodes - tokens.size(1), tokens.size(0), tokens.size(2))
+    return torch.cat([tokens.transpose(0, 1), spans])
 
 
 class GraphTransformerEncoder(TransformerEncoderBase):
