@@ -13,27 +13,22 @@ import shutil
 
 import pytest
 import torch
-from torch.utils import cpp_extension
 
 from fairseq_plugins.graph_attention import cuda_backend
+from fairseq_plugins.graph_attention.extension_build import Extension
 
 SOURCE = cuda_backend.SOURCE_DIR / "host_emulation.cpp"
-FLAGS = ("-O1", "-Wno-unknown-pragmas")
-
-
-def build_directory():
-    tag = f"host-emulation-torch{torch.__version__}".replace("+", "_")
-    return cuda_backend.build_directory().parent / tag
+# beside the CUDA extension's build; built under its build lock, so parallel test workers
+# (pytest-xdist) build it once and a killed build does not make later loads wait forever
+EMULATION = Extension(
+    "fairseq_plugins_graph_attention_host_emulation", cuda_backend.EXTENSION.folder,
+    f"host-emulation-torch{torch.__version__}", (SOURCE,), cflags=("-O1", "-Wno-unknown-pragmas"),
+    include_dirs=(cuda_backend.SOURCE_DIR,))
 
 
 @functools.lru_cache(maxsize=None)
 def _build():
-    directory = build_directory()
-    directory.mkdir(parents=True, exist_ok=True)
-    emulation = cpp_extension.load(
-        name="fairseq_plugins_graph_attention_host_emulation", sources=[str(SOURCE)],
-        extra_cflags=list(FLAGS), extra_include_paths=[str(cuda_backend.SOURCE_DIR)],
-        build_directory=str(directory), verbose=False)
+    emulation = EMULATION.load()
     # the CUDA ops' CPU kernels, for this process (no CPU build of them exists otherwise)
     cuda_backend.forward_op.register_kernel("cpu", functools.partial(cuda_backend.run_forward, emulation))
     cuda_backend.backward_op.register_kernel("cpu", functools.partial(cuda_backend.run_backward, emulation))
