@@ -1,4 +1,5 @@
-"""Shared fixtures: one tiny binarized En-De corpus per test session."""
+"""Shared fixtures: one tiny binarized En-De corpus per test session (per worker under
+pytest-xdist), and which tests pytest-xdist keeps together."""
 
 import os
 
@@ -21,3 +22,17 @@ from tests.cli import tiny_translation_data
 def tiny_data_bin(tmp_path_factory):
     """fairseq-preprocess output for ~200 short multi30k pairs (word level, tiny vocab)."""
     return tiny_translation_data(tmp_path_factory.mktemp("tiny-en-de"))
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the marks (its --dist loadgroup)
+def pytest_collection_modifyitems(items):
+    """Under pytest-xdist (scripts/test.sh), each module's tests that use a module- or
+    class-scoped fixture (often a fairseq-train run) go to one worker, which computes it once:
+    spread over workers, every worker would compute it again. The other tests are spread."""
+    for item in items:
+        fixtures = getattr(item, "_fixtureinfo", None)
+        if fixtures is None:  # not a Python test function
+            continue
+        shared = any(defs[-1].scope in ("class", "module", "package") for defs in fixtures.name2fixturedefs.values())
+        if shared and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
