@@ -1,4 +1,6 @@
-"""Shared fixtures: one tiny binarized En-De corpus per test session."""
+"""Shared fixtures, computed once per test session (per worker under pytest-xdist): a tiny
+binarized En-De corpus, the enwik8 fixture and the tiny language models trained on it; and
+which tests pytest-xdist keeps together."""
 
 import os
 
@@ -15,9 +17,43 @@ if not torch.cuda.is_available():
 import fairseq_plugins.models  # noqa: F401
 import fairseq_plugins.tasks  # noqa: F401
 from tests.cli import tiny_translation_data
+from tests.lm_fixture import prepare_enwik8, train_lm
 
 
 @pytest.fixture(scope="session")
 def tiny_data_bin(tmp_path_factory):
     """fairseq-preprocess output for ~200 short multi30k pairs (word level, tiny vocab)."""
     return tiny_translation_data(tmp_path_factory.mktemp("tiny-en-de"))
+
+
+@pytest.fixture(scope="session")
+def enwik8_bin(tmp_path_factory):
+    """The enwik8 fixture at character level (tests/lm_fixture.py)."""
+    return prepare_enwik8(tmp_path_factory.mktemp("enwik8") / "data-bin")
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(enwik8_bin, tmp_path_factory):
+    """arch -> the save folder of that tiny language model trained on ``enwik8_bin``: each
+    trained once, shared by the tests that read its checkpoint (none writes to the folder)."""
+    saved = {}
+
+    def trained(arch: str):
+        if arch not in saved:
+            saved[arch] = train_lm(enwik8_bin, tmp_path_factory.mktemp(arch) / "ckpt", arch)
+        return saved[arch]
+    return trained
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the marks (its --dist loadgroup)
+def pytest_collection_modifyitems(items):
+    """Under pytest-xdist (scripts/test.sh), each module's tests that use a module- or
+    class-scoped fixture (often a fairseq-train run) go to one worker, which computes it once:
+    spread over workers, every worker would compute it again. The other tests are spread."""
+    for item in items:
+        fixtures = getattr(item, "_fixtureinfo", None)
+        if fixtures is None:  # not a Python test function
+            continue
+        shared = any(defs[-1].scope in ("class", "module", "package") for defs in fixtures.name2fixturedefs.values())
+        if shared and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))

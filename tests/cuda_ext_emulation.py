@@ -17,10 +17,13 @@ import torch
 from fairseq_plugins.graph_attention import cuda_backend
 from fairseq_plugins.graph_attention.extension_build import Extension
 
+SOURCE = cuda_backend.SOURCE_DIR / "host_emulation.cpp"
+# beside the CUDA extension's build; built under its build lock, so parallel test workers
+# (pytest-xdist) build it once and a killed build does not make later loads wait forever
 EMULATION = Extension(
     "fairseq_plugins_graph_attention_host_emulation", cuda_backend.EXTENSION.folder,
-    f"host-emulation-torch{torch.__version__}", (cuda_backend.SOURCE_DIR / "host_emulation.cpp",),
-    cflags=("-O1", "-Wno-unknown-pragmas"), include_dirs=(cuda_backend.SOURCE_DIR,))
+    f"host-emulation-torch{torch.__version__}", (SOURCE,), cflags=("-O1", "-Wno-unknown-pragmas"),
+    include_dirs=(cuda_backend.SOURCE_DIR,))
 
 
 @functools.lru_cache(maxsize=None)

@@ -152,6 +152,20 @@ def sentence_data(tmp_path_factory):
     return write_classification(tmp_path_factory.mktemp("sentences"))
 
 
+@pytest.fixture(scope="module")
+def trained_classifier(sentence_data, tmp_path_factory):
+    """arch -> the save folder of that classifier trained on ``sentence_data``: each training run
+    once per module, shared by the tests that read its checkpoint (none writes to the folder)."""
+    saved = {}
+
+    def trained(arch: str) -> Path:
+        if arch not in saved:
+            saved[arch] = _train(sentence_data, tmp_path_factory.mktemp(arch) / "ckpt", "--arch", arch,
+                                 *SENTENCE_ARGS)
+        return saved[arch]
+    return trained
+
+
 def _accuracy(hub, raw: Path, split="test", pairs=False):
     first = (raw / f"{split}.input0").read_text().splitlines()
     second = (raw / f"{split}.input1").read_text().splitlines() if pairs else [None] * len(first)
@@ -162,8 +176,8 @@ def _accuracy(hub, raw: Path, split="test", pairs=False):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", sorted(MODELS))
-def test_classifier_cli_and_hub(arch, sentence_data, tmp_path):
-    save = _train(sentence_data, tmp_path / "ckpt", "--arch", arch, *SENTENCE_ARGS)
+def test_classifier_cli_and_hub(arch, sentence_data, trained_classifier):
+    save = trained_classifier(arch)
     hub = MODELS[arch].from_pretrained(str(save), "checkpoint_best.pt", str(sentence_data), user_dir=str(USER_DIR))
     hub.eval()
     tokens = hub.encode("a man is riding a bike .")
@@ -237,12 +251,12 @@ def test_snli_pairs_encoded_separately_cli_and_hub(tmp_path):
 
 
 @pytest.mark.slow
-def test_sequence_shift_evaluation(sentence_data, tmp_path):
+def test_sequence_shift_evaluation(sentence_data, trained_classifier, tmp_path):
     """BPT Table 2's test: n zero-embedding placeholders before each sentence, scored by the evaluation command."""
     from fairseq_plugins.recipes.config import load_config
     from fairseq_plugins.recipes.evaluate_classification import evaluate
 
-    save = _train(sentence_data, tmp_path / "ckpt", "--arch", "bpt_classifier", *SENTENCE_ARGS)
+    save = trained_classifier("bpt_classifier")
     checkpoint = save / "checkpoint_best.pt"
     hub = BPTClassifierModel.from_pretrained(str(save), "checkpoint_best.pt", str(sentence_data),
                                              user_dir=str(USER_DIR))

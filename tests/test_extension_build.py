@@ -58,6 +58,23 @@ def test_a_live_build_in_another_process_is_waited_for_and_named(tmp_path, caplo
     assert "killed" not in caplog.text  # the live build's lock file was left to it
 
 
+def test_a_short_wait_says_nothing(tmp_path, caplog):
+    """Processes started together (parallel test workers, several trainings) wait for each
+    other's load of the built kernel, about a second: no warning for that."""
+    holder = open(tmp_path / "build.flock", "a+")
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    releaser = threading.Timer(0.3, fcntl.flock, (holder, fcntl.LOCK_UN))
+    releaser.start()
+    with caplog.at_level(logging.WARNING, logger=extension_build.__name__):
+        started = time.monotonic()
+        with build_lock(tmp_path, "test_ext", poll_seconds=0.05):
+            waited = time.monotonic() - started
+    releaser.join()
+    holder.close()
+    assert waited >= 0.2  # it did wait for the holder
+    assert caplog.text == ""
+
+
 def test_the_lock_is_released_when_the_build_fails(tmp_path):
     with pytest.raises(RuntimeError, match="compiler exploded"):
         with build_lock(tmp_path, "test_ext"):

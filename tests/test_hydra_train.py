@@ -8,13 +8,11 @@ reach a model under hydra through its config dataclass, were the config's.
 import pytest
 import torch
 
-from fairseq_plugins.recipes import prepare_data
 from tests.classification_data import write_classification
 from tests.cli import REPO, USER_DIR, run_cli
 from tests.document_fixture import binarized_doc_fixture
 
 CONFIGS = REPO / "configs" / "hydra"
-LM_FIXTURE = REPO / "tests" / "fixtures" / "lm" / "enwik8"
 
 # config -> a check that the model was built with that config's own options
 BUILT_AS_CONFIGURED = {
@@ -60,18 +58,11 @@ def sentence_data_bin(tmp_path_factory):
     return write_classification(tmp_path_factory.mktemp("sentences"), n_train=32, n_eval=8)
 
 
-@pytest.fixture(scope="module")
-def lm_data_bin(tmp_path_factory):
-    """The enwik8 fixture at character level, as tests/test_lm_cli.py prepares it."""
-    out = tmp_path_factory.mktemp("enwik8") / "data-bin"
-    return prepare_data.main(["enwik8", "--raw-dir", str(LM_FIXTURE), "--out", str(out), "--heldout-chars", "3000"])
-
-
 def data_fixture(name: str) -> str:
     if name in CLASSIFIERS:
         return "sentence_data_bin"
     if name in LANGUAGE_MODELS:
-        return "lm_data_bin"
+        return "enwik8_bin"  # tests/conftest.py
     return "document_data_bin" if name.endswith("_document") else "tiny_data_bin"
 
 

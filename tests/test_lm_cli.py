@@ -4,42 +4,19 @@ runs it) and sampling with fairseq-generate."""
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 
-from fairseq_plugins.recipes import evaluate_lm, prepare_data
+from fairseq_plugins.recipes import evaluate_lm
 from fairseq_plugins.recipes.evaluate import evaluate
 from tests.cli import USER_DIR, run_cli
-
-LM = Path(__file__).resolve().parent / "fixtures" / "lm"
-HELDOUT = 3000
-TINY = ["--decoder-layers", "2", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
-        "--decoder-attention-heads", "2", "--tokens-per-sample", "64", "--sample-break-mode", "none"]
-# the torch backend: "auto" would compile the C++ CPU kernel in each process whose build cache
-# another checkout invalidated (minutes); the kernel is tested against it in test_cpu_backend.py
-ARCHS = {
-    "bpt_lm": ["--graph-k", "2", "--graph-attention-backend", "torch"],
-    "segtree_lm": ["--graph-attention-backend", "torch"],
-    "window_lm": ["--attention-window", "8"],
-}
-
-
-@pytest.fixture(scope="module")
-def enwik8_bin(tmp_path_factory):
-    out = tmp_path_factory.mktemp("enwik8") / "data-bin"
-    return prepare_data.main(["enwik8", "--raw-dir", str(LM / "enwik8"), "--out", str(out),
-                              "--heldout-chars", str(HELDOUT)])
+from tests.lm_fixture import ARCHS, HELDOUT
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS)
-def test_train_eval_lm_sample(enwik8_bin, tmp_path, arch):
-    save = tmp_path / "ckpt"
-    run_cli("fairseq-train", enwik8_bin, "--user-dir", USER_DIR, "--task", "language_modeling", "--arch", arch,
-            *TINY, *ARCHS[arch], "--max-tokens", "512", "--optimizer", "adam", "--lr", "0.003", "--max-update", "8",
-            "--save-dir", save, "--no-epoch-checkpoints", "--cpu", "--num-workers", "0", "--seed", "1")
-    checkpoint = save / "checkpoint_last.pt"
+def test_train_eval_lm_sample(enwik8_bin, tiny_lm, tmp_path, arch):
+    checkpoint = tiny_lm(arch) / "checkpoint_last.pt"
     assert checkpoint.exists()
 
     def eval_lm(*extra):

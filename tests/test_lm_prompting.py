@@ -1,6 +1,6 @@
 """Prompting a language model as a user does: ``fairseq-interactive --task language_modeling`` and
-the hub (``from_pretrained`` + ``sample``), on ``bpt_lm`` trained on the enwik8 fixture as in
-tests/test_lm_cli.py. A prompt goes in, the prompt and its continuation come out; greedy
+the hub (``from_pretrained`` + ``sample``), on the tiny ``bpt_lm`` that tests/test_lm_cli.py
+also tests (tests/lm_fixture.py). A prompt goes in, the prompt and its continuation come out; greedy
 continuations, decoded incrementally by fairseq's generator, equal greedy decoding that
 recomputes the whole prefix with the full model at every step, and so do the log-probabilities
 the generator reports for every token (a tiny model's greedy text alone is mostly spaces)."""
@@ -11,9 +11,7 @@ import re
 import pytest
 import torch
 
-from fairseq_plugins.recipes import prepare_data
 from tests.cli import USER_DIR, run_cli
-from tests.test_lm_cli import ARCHS, HELDOUT, LM, TINY
 
 PROMPT = "84 104 101 32 99 105 116 121 32 111 102 32"  # "The city of " as enwik8 tokens (bytes)
 LENGTH = 40  # prompt and continuation, in tokens: --min-len and --max-len-b both, so no early </s>
@@ -22,15 +20,8 @@ GREEDY = ["--beam", "1", "--min-len", str(LENGTH), "--max-len-b", str(LENGTH)]
 
 
 @pytest.fixture(scope="module")
-def bpt_lm_checkpoint(tmp_path_factory):
-    root = tmp_path_factory.mktemp("prompting")
-    data = prepare_data.main(["enwik8", "--raw-dir", str(LM / "enwik8"), "--out", str(root / "data-bin"),
-                              "--heldout-chars", str(HELDOUT)])
-    run_cli("fairseq-train", data, "--user-dir", USER_DIR, "--task", "language_modeling", "--arch", "bpt_lm",
-            *TINY, *ARCHS["bpt_lm"], "--max-tokens", "512", "--optimizer", "adam", "--lr", "0.003",
-            "--max-update", "8", "--save-dir", root / "ckpt", "--no-epoch-checkpoints", "--cpu",
-            "--num-workers", "0", "--seed", "1")
-    return data, root / "ckpt"
+def bpt_lm_checkpoint(enwik8_bin, tiny_lm):
+    return enwik8_bin, tiny_lm("bpt_lm")
 
 
 def greedy_by_recomputation(model, dictionary, prompt: str, length: int):

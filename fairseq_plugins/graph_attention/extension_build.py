@@ -14,7 +14,9 @@ their own paths would each see the other's build as stale and rebuild it, in tur
 torch guards its build directory with a ``lock`` file that a killed build leaves behind, and
 every later load then waits on it forever, silently. So processes first take an advisory
 ``flock`` on ``<tag>/build.flock`` (the kernel drops it when its holder dies): whoever holds it
-knows any ``lock`` file is stale and removes it, saying so, and whoever waits says whom for.
+knows any ``lock`` file is stale and removes it, saying so, and whoever waits longer than
+``WAIT_REPORT_SECONDS`` says whom for (loading a built kernel holds the lock about a second,
+which processes started together, such as parallel test workers, wait out without a warning).
 """
 
 import hashlib
@@ -37,7 +39,7 @@ from ..resources import cache_root
 
 logger = logging.getLogger(__name__)
 
-#: how often a process waiting for another one's build says so
+#: after how long, and then how often, a process waiting for another one's build says so
 WAIT_REPORT_SECONDS = 30.0
 
 
@@ -49,14 +51,14 @@ def build_lock(directory: Path, what: str, poll_seconds: float = 0.5) -> Iterato
         yield
         return
     with open(directory / "build.flock", "a+") as handle:
-        started, last_report = time.monotonic(), None
+        started = last_report = time.monotonic()
         while True:
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
                 now = time.monotonic()
-                if last_report is None or now - last_report >= WAIT_REPORT_SECONDS:
+                if now - last_report >= WAIT_REPORT_SECONDS:
                     logger.warning("%s: waiting (%.0f s so far) for another process building or loading it "
                                    "in %s", what, now - started, directory)
                     last_report = now
