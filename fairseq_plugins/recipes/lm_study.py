@@ -1,7 +1,7 @@
 """A character-level language model on real English text: ``bpt_lm`` against ``transformer_lm`` of
 the same size at a long context, on CPU, with nothing to download.
 
-    python -m fairseq_plugins.recipes.lm_study --out results/lm_study   # about 7 min on a quiet 2-core CPU
+    python -m fairseq_plugins.recipes.lm_study --out results/lm_study   # 4 min on a quiet 2-core CPU
     fairseq-plugins-demo --lm                                            # a smaller run, beside the demo
 
 The corpus is the Python Language Reference and library topics that every CPython ships for
