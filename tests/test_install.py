@@ -128,10 +128,12 @@ def test_tiny_bpt_trains_from_the_install_with_the_cpu_kernel(install):
     ], env=env, cwd=far).stdout  # fmt: skip
     assert "done training" in log
     assert (far / "ckpt" / "checkpoint_last.pt").is_file()
-    # the training built the CPU kernel, from the install's sources, into the fresh cache
+    # the training built the CPU kernel, from a copy of the install's sources, into the fresh cache
     cache = Path(env["FAIRSEQ_PLUGINS_CACHE"]) / "cpu_ext"
     (ninja,) = cache.glob("*/build.ninja")
-    assert str(user_dir / "_resources" / "cpu_ext" / "csrc" / "graph_attention_cpu.cpp") in ninja.read_text()
+    copy = ninja.parent / "src" / "graph_attention_cpu.cpp"
+    assert str(copy) in ninja.read_text()
+    assert copy.read_bytes() == (user_dir / "_resources" / "cpu_ext" / "csrc" / "graph_attention_cpu.cpp").read_bytes()
     assert list(ninja.parent.glob("fairseq_plugins_graph_attention_cpu*.so"))
     # and "auto" resolves to it in the same install (loading that build, not rebuilding)
     out = _python(install, "\n".join([
