@@ -18,13 +18,13 @@ import argparse
 import json
 import statistics
 import tempfile
-import time
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
+from fairseq_plugins.check_gpu.model_update import alternate_updates
 from fairseq_plugins.check_gpu.runner import PROGRESS
 
 VOCAB = 256  # bytes
@@ -80,11 +80,6 @@ def lm_update_step(model, tokens: int, context: int, autocast_dtype=None) -> Cal
     return step
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def run(args) -> Dict:
     device = torch.device(args.device)
     specs = lm_specs(args.ks, args.checkpointed_ks)
@@ -98,28 +93,10 @@ def run(args) -> Dict:
                 steps[name] = lm_update_step(model.to(device), args.tokens, context, autocast_dtype)
             except Exception as error:  # reported; the other models go on
                 results[name][str(context)] = {"status": f"{type(error).__name__}: {str(error)[:300]}"}
-        times = {name: [] for name in steps}
-        peaks = {name: 0.0 for name in steps}
-        for update in range(args.updates + 1):
-            for name in list(steps):
-                try:
-                    _synchronize(device)
-                    if device.type == "cuda":
-                        torch.cuda.reset_peak_memory_stats(device)
-                    start = time.perf_counter()
-                    steps[name]()
-                    _synchronize(device)
-                    if device.type == "cuda":
-                        peaks[name] = max(peaks[name], torch.cuda.max_memory_allocated(device) / 2**20)
-                    if update:  # update 0 warms up (kernels compile, graphs are built)
-                        times[name].append(time.perf_counter() - start)
-                except Exception as error:  # out of memory at a long context, say
-                    results[name][str(context)] = {"status": f"{type(error).__name__}: "
-                                                             f"{str(error).splitlines()[0][:300]}"}
-                    del steps[name]
-                    if device.type == "cuda":
-                        torch.cuda.empty_cache()
-        for name in steps:
+        times, peaks, errors = alternate_updates(steps, args.updates, device)
+        for name, error in errors.items():
+            results[name][str(context)] = {"status": error}
+        for name in (n for n in steps if n not in errors):
             seconds = statistics.median(times[name])
             results[name][str(context)] = {
                 "status": "ok", "seconds": seconds, "all_seconds": times[name],

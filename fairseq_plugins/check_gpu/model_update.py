@@ -12,12 +12,13 @@ time on the CPU.
 """
 
 import argparse
+import functools
 import json
 import statistics
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -100,6 +101,38 @@ def synthetic_batch(vocab: int, tokens: int, length: int, device):
     return dicts, {key: value.to(device) for key, value in batch.items()}
 
 
+def alternate_updates(steps: Dict[str, Callable[[], None]], updates: int, device: torch.device,
+                      after_update: Callable[[int], None] = lambda update: None
+                      ) -> Tuple[Dict[str, List[float]], Dict[str, float], Dict[str, str]]:
+    """Runs every step ``updates + 1`` times, the steps alternating within each round; the first
+    round warms up (kernels compile, graphs are built) and is not timed. Returns each step's
+    timed seconds, its peak allocated MiB (on a GPU; else 0) and, for a step that raised (out of
+    memory, say), its error: that step is dropped and the others go on."""
+    times = {name: [] for name in steps}
+    peaks = {name: 0.0 for name in steps}
+    errors, live = {}, dict(steps)
+    for update in range(updates + 1):
+        for name, step in list(live.items()):
+            try:
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                    torch.cuda.reset_peak_memory_stats(device)
+                start = time.perf_counter()
+                step()
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                    peaks[name] = max(peaks[name], torch.cuda.max_memory_allocated(device) / 2**20)
+                if update:
+                    times[name].append(time.perf_counter() - start)
+            except Exception as error:  # reported; the other steps go on
+                errors[name] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+                del live[name]
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+        after_update(update)
+    return times, peaks, errors
+
+
 def run(args) -> Dict:
     device = torch.device(args.device)
     dicts, batch = synthetic_batch(args.vocab, args.tokens, args.length, device)
@@ -113,25 +146,13 @@ def run(args) -> Dict:
             optimizers[name] = torch.optim.Adam(models[name].parameters(), lr=1e-4)
         except Exception as error:  # a model that cannot be built is reported, the others run
             results[name] = {"status": f"{type(error).__name__}: {error}"}
-    times = {name: [] for name in models}
-    peaks = {name: 0.0 for name in models}
-    for update in range(args.updates + 1):
-        for name in list(models):
-            try:
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                    torch.cuda.reset_peak_memory_stats(device)
-                start = time.perf_counter()
-                train_step(models[name], optimizers[name], batch, pad, autocast_dtype)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                    peaks[name] = max(peaks[name], torch.cuda.max_memory_allocated(device) / 2**20)
-                if update:  # update 0 warms up (kernels compile, graphs are built)
-                    times[name].append(time.perf_counter() - start)
-            except Exception as error:  # reported; the other models go on
-                results[name] = {"status": f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"}
-                del models[name]
-        print(f"{PROGRESS} update {update}/{args.updates} of every model done", flush=True)
+    steps = {name: functools.partial(train_step, models[name], optimizers[name], batch, pad, autocast_dtype)
+             for name in models}
+    times, peaks, errors = alternate_updates(
+        steps, args.updates, device,
+        lambda update: print(f"{PROGRESS} update {update}/{args.updates} of every model done", flush=True))
+    results.update({name: {"status": error} for name, error in errors.items()})
+    models = {name: model for name, model in models.items() if name not in errors}
     base = statistics.median(times["transformer"]) if times.get("transformer") else None
     for name in models:
         seconds = statistics.median(times[name])
