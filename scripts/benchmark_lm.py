@@ -11,7 +11,9 @@ shared machine slow all of them alike); the median per model and context, tokens
 the ratio to ``transformer_lm``'s tokens per second measured in the same run, and time per token
 relative to the shortest context. ``--checkpointed-ks`` adds BPT with fairseq's
 ``--checkpoint-activations`` (training only): the layers' activations recomputed in the
-backward, memory traded for time. Peak memory: two updates in a fresh process per model and
+backward, memory traded for time; ``--recomputed-ks`` adds BPT with ``--graph-recompute-ffn``
+(the FFN's hidden states recomputed), alone and with ``--checkpoint-activations``. Peak
+memory: two updates in a fresh process per model and
 context, peak resident memory above the built model's (``/proc/self/clear_refs``), with
 glibc's allocator returning every freed tensor (``MEMORY_ENV``), so that the peak is what
 the updates hold, not what the allocator cached.
@@ -55,7 +57,7 @@ def memory_worker(name, args, context) -> float:
     """Peak resident memory of ``MEMORY_UPDATES`` updates above the memory of the built model:
     the activations and their gradients, and what the first update adds for good (Adam's
     state, fairseq's cached causal mask, BPT's graph)."""
-    arch, extra = lm_specs(args.ks, args.checkpointed_ks)[name]
+    arch, extra = lm_specs(args.ks, args.checkpointed_ks, args.recomputed_ks)[name]
     step = lm_update_step(build(arch, extra, args, context), args.tokens, context)
     base = rss_mb("VmRSS") if reset_peak_rss() else rss_mb()
     for _ in range(MEMORY_UPDATES):
@@ -72,12 +74,13 @@ def peak_growth(name, args, context) -> float:
 
 def common_flags(args):
     return ["--ks", *map(str, args.ks), "--checkpointed-ks", *map(str, args.checkpointed_ks),
+            "--recomputed-ks", *map(str, args.recomputed_ks),
             "--layers", str(args.layers), "--dim", str(args.dim), "--heads", str(args.heads),
             "--tokens", str(args.tokens), "--threads", str(args.threads), "--backend", args.backend]
 
 
 def time_updates(args):
-    specs = lm_specs(args.ks, args.checkpointed_ks)
+    specs = lm_specs(args.ks, args.checkpointed_ks, args.recomputed_ks)
     seconds = {name: {c: [] for c in args.contexts} for name in specs}
     for context in args.contexts:
         steps = {name: lm_update_step(build(arch, extra, args, context), args.tokens, context)
@@ -159,6 +162,8 @@ def main(argv=None):
     p.add_argument("--ks", type=int, nargs="+", default=[4, 16, 64])
     p.add_argument("--checkpointed-ks", type=int, nargs="*", default=[4],
                    help="these ks also trained with --checkpoint-activations (training only)")
+    p.add_argument("--recomputed-ks", type=int, nargs="*", default=[4],
+                   help="these ks also trained with --graph-recompute-ffn, alone and with --checkpoint-activations")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--dim", type=int, default=256)
     p.add_argument("--heads", type=int, default=4)

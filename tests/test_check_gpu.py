@@ -23,8 +23,9 @@ TINY_BENCHMARK = ["--lengths", "16", "40", "--ks", "1", "2", "--tokens", "64", "
                   "--head-dim", "16", "--dtype", "float32", "--iters", "2", "--warmup", "1"]
 TINY_UPDATE = ["--size", "tiny", "--tokens", "64", "--length", "8", "--vocab", "50",
                "--updates", "1", "--dtype", "float32"]
-TINY_LM = ["--contexts", "16", "32", "--ks", "2", "--checkpointed-ks", "2", "--layers", "1", "--dim", "16",
-           "--heads", "2", "--tokens", "64", "--updates", "1", "--dtype", "float32", "--backend", "torch"]
+TINY_LM = ["--contexts", "16", "32", "--ks", "2", "--checkpointed-ks", "2", "--recomputed-ks", "--layers", "1",
+           "--dim", "16", "--heads", "2", "--tokens", "64", "--updates", "1", "--dtype", "float32",
+           "--backend", "torch"]
 
 
 def args_for(*argv):

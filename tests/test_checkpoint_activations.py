@@ -1,11 +1,13 @@
 """``--checkpoint-activations`` reaches the plugin's own layers (fairseq wraps only the layers it
-builds itself) and recomputes them in the backward without changing a gradient."""
+builds itself) and recomputes them in the backward without changing a gradient; so does
+``--graph-recompute-ffn`` (the graph layers' FFN, chunk by chunk), alone and with it."""
 
 import pytest
 import torch
 
 pytest.importorskip("fairseq")
 
+from fairseq_plugins.modules.common import row_recompute  # noqa: E402
 from tests import test_bpt_models, test_lm_models  # noqa: E402
 
 
@@ -68,3 +70,27 @@ def test_checkpointed_layers_give_the_same_gradients(tmp_path, name):
     assert grads_ckpt.keys() == grads.keys() and grads
     for key in grads:
         torch.testing.assert_close(grads_ckpt[key], grads[key], msg=key)
+
+
+def _graph_layers(model):
+    return [layer for layer in _layers(model) if hasattr(layer, "recompute_ffn")]
+
+
+@pytest.mark.parametrize("checkpointed", [False, True], ids=["alone", "with-checkpoint-activations"])
+@pytest.mark.parametrize("name", BUILDERS)
+def test_recomputed_ffn_gives_the_same_gradients(tmp_path, monkeypatch, name, checkpointed):
+    monkeypatch.setattr(row_recompute, "CHUNK_ELEMENTS", 256)  # several chunks of rows per FFN
+    build, inputs = BUILDERS[name]
+    task, plain = build(tmp_path, [])
+    extra = ["--checkpoint-activations"] if checkpointed else []
+    _, recomputed = build(tmp_path, ["--graph-recompute-ffn", *extra])
+    assert _graph_layers(plain) and not any(layer.recompute_ffn for layer in _graph_layers(plain))
+    assert all(layer.recompute_ffn for layer in _graph_layers(recomputed))
+    recomputed.load_state_dict(plain.state_dict())
+    batch = inputs(task)
+    out, grads = _gradients(plain, batch)
+    out_r, grads_r = _gradients(recomputed, batch)
+    torch.testing.assert_close(out_r, out)
+    assert grads_r.keys() == grads.keys() and grads
+    for key in grads:
+        torch.testing.assert_close(grads_r[key], grads[key], msg=key)

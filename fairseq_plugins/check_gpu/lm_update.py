@@ -32,13 +32,20 @@ BASELINE = "transformer_lm"
 AUTOCAST = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def lm_specs(ks: Sequence[int], checkpointed_ks: Sequence[int] = ()) -> Dict[str, tuple]:
+def lm_specs(ks: Sequence[int], checkpointed_ks: Sequence[int] = (),
+             recomputed_ks: Sequence[int] = ()) -> Dict[str, tuple]:
     """name -> (arch, options); ``checkpointed_ks``: BPT also with ``--checkpoint-activations``
-    (each layer's activations recomputed in the backward: memory for time)."""
-    return {BASELINE: ("transformer_lm", ["--decoder-normalize-before"]),
-            **{f"bpt_lm k{k}": ("bpt_lm", ["--graph-k", str(k)]) for k in ks},
-            **{f"bpt_lm k{k} checkpointed": ("bpt_lm", ["--graph-k", str(k), "--checkpoint-activations"])
-               for k in checkpointed_ks}}
+    (each layer's activations recomputed in the backward: memory for time); ``recomputed_ks``:
+    BPT also with ``--graph-recompute-ffn`` (the FFN's hidden states recomputed, chunk by
+    chunk), alone and with ``--checkpoint-activations`` (the least memory)."""
+    specs = {BASELINE: ("transformer_lm", ["--decoder-normalize-before"])}
+    specs.update({f"bpt_lm k{k}": ("bpt_lm", ["--graph-k", str(k)]) for k in ks})
+    variants = [(checkpointed_ks, "checkpointed", ["--checkpoint-activations"]),
+                (recomputed_ks, "recompute-ffn", ["--graph-recompute-ffn"]),
+                (recomputed_ks, "checkpointed + recompute-ffn", ["--checkpoint-activations", "--graph-recompute-ffn"])]
+    for variant_ks, label, options in variants:
+        specs.update({f"bpt_lm k{k} {label}": ("bpt_lm", ["--graph-k", str(k), *options]) for k in variant_ks})
+    return specs
 
 
 def build_lm(arch: str, options: Sequence[str], layers: int, dim: int, heads: int, context: int,
@@ -82,7 +89,7 @@ def lm_update_step(model, tokens: int, context: int, autocast_dtype=None) -> Cal
 
 def run(args) -> Dict:
     device = torch.device(args.device)
-    specs = lm_specs(args.ks, args.checkpointed_ks)
+    specs = lm_specs(args.ks, args.checkpointed_ks, args.recomputed_ks)
     autocast_dtype = AUTOCAST[args.dtype]
     results = {name: {} for name in specs}
     for context in args.contexts:
@@ -140,6 +147,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--contexts", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     p.add_argument("--ks", type=int, nargs="+", default=[4, 16, 64])
     p.add_argument("--checkpointed-ks", type=int, nargs="*", default=[4])
+    p.add_argument("--recomputed-ks", type=int, nargs="*", default=[4])
     p.add_argument("--layers", type=int, default=12, help="BPT Table 9's enwik8 model: 12 layers, d 512, 8 heads")
     p.add_argument("--dim", type=int, default=512)
     p.add_argument("--heads", type=int, default=8)

@@ -19,7 +19,8 @@ from fairseq_plugins.models.plugin_model import PluginModel
 from fairseq_plugins.modules.bpt.graph_transformer import GraphTransformerDecoder
 
 # the graph options that mean something without an encoder
-LM_GRAPH_OPTIONS = ("graph_k", "graph_rel_clip", "graph_token_positions", "graph_attention_backend")
+LM_GRAPH_OPTIONS = ("graph_k", "graph_rel_clip", "graph_token_positions", "graph_attention_backend",
+                    "graph_recompute_ffn")
 GraphLanguageModelConfig = config_with_options(
     "GraphLanguageModelConfig", TransformerLanguageModelConfig, GraphTransformerConfig, LM_GRAPH_OPTIONS, __name__)
 

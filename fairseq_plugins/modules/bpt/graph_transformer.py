@@ -13,8 +13,9 @@ Incremental decoding keeps, per layer, the keys/values of every node created so 
 creation order, see ``causal_step_graph``); a step runs the new token and the spans it
 completes through all layers, each attending to O(k log t) cached nodes (spans: their tokens).
 The sides read their options (``graph_kind``, ``graph_k``, ``graph_rel_clip``,
-``graph_token_positions``, ``graph_cross_attention``, ``graph_attention_backend``) from the
-config they are built with (``models/bpt_transformer.GraphTransformerConfig``).
+``graph_token_positions``, ``graph_cross_attention``, ``graph_attention_backend``,
+``graph_recompute_ffn``) from the config they are built with
+(``models/bpt_transformer.GraphTransformerConfig``).
 """
 
 import copy
@@ -59,8 +60,8 @@ class GraphTransformerEncoder(TransformerEncoderBase):
         super().__init__(graph_side_config(cfg), dictionary, embed_tokens)
 
     def build_encoder_layer(self, cfg):
-        return wrap_layer(GraphEncoderLayer(cfg, self._spec.types.num_types, backend=cfg.graph_attention_backend),
-                          cfg)
+        return wrap_layer(GraphEncoderLayer(cfg, self._spec.types.num_types, backend=cfg.graph_attention_backend,
+                                            recompute_ffn=cfg.graph_recompute_ffn), cfg)
 
     def forward(self, src_tokens, src_lengths: Optional[Tensor] = None,
                 return_all_hiddens: bool = False, token_embeddings: Optional[Tensor] = None,
@@ -117,7 +118,8 @@ class GraphTransformerDecoder(TransformerDecoderBase):
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         layer = GraphDecoderLayer(cfg, self._spec.types.num_types, no_encoder_attn=no_encoder_attn,
                                   backend=cfg.graph_attention_backend,
-                                  cross_attention_from=self.cross_attention_from)
+                                  cross_attention_from=self.cross_attention_from,
+                                  recompute_ffn=cfg.graph_recompute_ffn)
         return wrap_layer(layer, cfg)
 
     def _embed(self, prev_output_tokens, incremental_state):
