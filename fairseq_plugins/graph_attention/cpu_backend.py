@@ -120,11 +120,14 @@ def _setup_context(ctx, inputs, output):
     q, k, v, rel, pad, indptr, indices, edge_type, heads, scale, dropout_p, seed = inputs
     ctx.save_for_backward(q, k, v, *output, rel, pad, indptr, indices, edge_type, seed)
     ctx.scalars = (heads, scale, dropout_p)
+    ctx.set_materialize_grads(False)  # lse gets no gradient: no zeros to fill
 
 
 def _backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse, rel, pad, indptr, indices, edge_type, seed = ctx.saved_tensors
     heads, scale, dropout_p = ctx.scalars
+    if grad_out is None:  # the output does not reach the loss
+        grad_out = torch.zeros_like(out)
     grad_q, grad_k, grad_v, grad_rel = backward_op(
         grad_out.contiguous(), q, k, v, out, lse, rel, pad, indptr, indices, edge_type, heads, scale,
         dropout_p, seed)
