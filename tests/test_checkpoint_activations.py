@@ -55,6 +55,17 @@ def _gradients(model, inputs):
     return logits.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
+def assert_same_gradients(plain, other, batch):
+    """``other`` (given ``plain``'s weights) gives ``plain``'s outputs and every gradient."""
+    other.load_state_dict(plain.state_dict())
+    out, grads = _gradients(plain, batch)
+    out_other, grads_other = _gradients(other, batch)
+    torch.testing.assert_close(out_other, out)
+    assert grads_other.keys() == grads.keys() and grads
+    for key in grads:
+        torch.testing.assert_close(grads_other[key], grads[key], msg=key)
+
+
 @pytest.mark.parametrize("name", BUILDERS)
 def test_checkpointed_layers_give_the_same_gradients(tmp_path, name):
     build, inputs = BUILDERS[name]
@@ -62,14 +73,7 @@ def test_checkpointed_layers_give_the_same_gradients(tmp_path, name):
     _, checkpointed = build(tmp_path, ["--checkpoint-activations"])
     assert all(not hasattr(layer, "precheckpoint_forward") for layer in _layers(plain))
     assert all(hasattr(layer, "precheckpoint_forward") for layer in _layers(checkpointed))
-    checkpointed.load_state_dict(plain.state_dict())
-    batch = inputs(task)
-    out, grads = _gradients(plain, batch)
-    out_ckpt, grads_ckpt = _gradients(checkpointed, batch)
-    torch.testing.assert_close(out_ckpt, out)
-    assert grads_ckpt.keys() == grads.keys() and grads
-    for key in grads:
-        torch.testing.assert_close(grads_ckpt[key], grads[key], msg=key)
+    assert_same_gradients(plain, checkpointed, inputs(task))
 
 
 def _graph_layers(model):
@@ -86,11 +90,4 @@ def test_recomputed_ffn_gives_the_same_gradients(tmp_path, monkeypatch, name, ch
     _, recomputed = build(tmp_path, ["--graph-recompute-ffn", *extra])
     assert _graph_layers(plain) and not any(layer.recompute_ffn for layer in _graph_layers(plain))
     assert all(layer.recompute_ffn for layer in _graph_layers(recomputed))
-    recomputed.load_state_dict(plain.state_dict())
-    batch = inputs(task)
-    out, grads = _gradients(plain, batch)
-    out_r, grads_r = _gradients(recomputed, batch)
-    torch.testing.assert_close(out_r, out)
-    assert grads_r.keys() == grads.keys() and grads
-    for key in grads:
-        torch.testing.assert_close(grads_r[key], grads[key], msg=key)
+    assert_same_gradients(plain, recomputed, inputs(task))
