@@ -239,8 +239,9 @@ def main(argv=None):
         instruction = tensor_core_instruction(c, r.capability)
         product = ("none needed (no products)" if instruction is None else
                    ("wgmma" if "wgmma" in instruction else "mma.sync") if r.tensor_core else "NO")
+        tile = f"{c.block_m} rows" if instruction is None else f"{c.block_m} x {c.block_n}"
         print(f"| {TARGETS[r.capability][0]} | {c.kernel} | {c.dtype} | {c.head_dim} "
-              f"| {c.block_m} x {c.block_n} | {c.num_warps} | {c.num_stages} "
+              f"| {tile} | {c.num_warps} | {c.num_stages} "
               f"| {'on' if c.dropout else 'off'} | {r.registers} "
               f"| {r.spill_stores + r.spill_loads} | {r.shared / 1024:.1f} | {r.blocks_per_sm} "
               f"| {product} |")
