@@ -13,7 +13,9 @@ uncertain) and from what can be counted without a GPU:
 * the glue: every PyTorch op the backend runs around its kernels in one forward + backward,
   counted with the bytes it touches and the host syncs, by running the backend under
   Triton's interpreter on a small graph with split blocks (a ``TorchDispatchMode`` that
-  pauses while a kernel runs), scaled to the op's size;
+  pauses while a kernel runs), scaled to the op's size; the merge kernels of split blocks
+  are Triton launches, costed on the GPU like a glue op (their bytes, at least the shortest
+  kernel time);
 * dense attention: compute-bound at the rate FlashAttention's authors measured on an H100
   (FA2, FA3, cuDNN), for the FLOPs of the n tokens;
 * FlexAttention: the graph's non-empty 128 x 128 blocks (all partial: no block of a BPT
@@ -124,6 +126,7 @@ class GlueCount(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.ops, self.syncs, self.launches, self.paused = [], 0, 0, 0
+        self.merges = []  # (kernel, bytes) of each merge kernel launched
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
@@ -175,6 +178,8 @@ def _glue_of_one_op(graph, tokens: int, dim: int, heads: int) -> GlueCount:
     def kernel(self, *args, **kwargs):
         counter.paused += 1
         counter.launches += 1
+        if self.fn.__name__.startswith("merge"):
+            counter.merges.append((self.fn.__name__, _merge_bytes(dict(zip(self.arg_names, args)))))
         try:
             return run(self, *args, **kwargs)
         finally:
@@ -190,21 +195,42 @@ def _glue_of_one_op(graph, tokens: int, dim: int, heads: int) -> GlueCount:
     return counter
 
 
+def _merge_bytes(args: Dict[str, object]) -> int:
+    """What a merge kernel moves: its fp32 part buffers, read once, and its split blocks'
+    rows, written once in the target's dtype (``out_ptr``, ``grad_q_ptr`` or ``grad_k_ptr``
+    and ``grad_v_ptr``)."""
+    parts = [t for name, t in args.items() if name.startswith("part_") and name != "part_index_ptr"]
+    targets = [t for name, t in args.items() if name in ("out_ptr", "grad_q_ptr", "grad_k_ptr", "grad_v_ptr")]
+    rows = args["split_nodes_ptr"].numel() * parts[0].size(1)  # split rows x (sentence, head)
+    return (sum(t.numel() * t.element_size() for t in parts)
+            + sum(rows * t.size(-1) * t.element_size() for t in targets))
+
+
+def _per_node(one, two, nodes: int):
+    """[(bytes per node, bytes per node and (sentence, head))] of the same ops counted with 1
+    and 2 heads (2 sentences)."""
+    if [n for n, _ in one] != [n for n, _ in two]:
+        raise RuntimeError("the glue differs between 1 and 2 heads: the per-head split does not apply")
+    parts = []
+    for (_, b1), (_, b2) in zip(one, two):
+        per_pair = (b2 - b1) / 2  # 2 sentences: 2 more (sentence, head) pairs
+        parts.append(((b1 - 2 * per_pair) / nodes, per_pair / nodes))
+    return parts
+
+
 def count_glue(tokens: int, dim: int) -> Dict[str, object]:
     """The backend's glue in one forward + backward (bf16, relative keys, padding) on BPT
     k = 1 over ``tokens`` (1100: its root row is split over two programs). Run with 1 and 2
     heads (2 sentences), so that each op's bytes split into a part per (sentence, head) and a
-    part per graph: [(bytes per node, bytes per node and (sentence, head))]."""
+    part per graph: [(bytes per node, bytes per node and (sentence, head))]; the same for the
+    merge kernels among the Triton launches (``merges``, ``merge_bytes``)."""
     graph = bpt_graph(tokens, 1)
     one, two = (_glue_of_one_op(graph, tokens, dim, heads) for heads in (1, 2))
-    if [n for n, _ in one.ops] != [n for n, _ in two.ops]:
-        raise RuntimeError("the glue differs between 1 and 2 heads: the per-head split does not apply")
-    nodes, parts = graph.num_nodes, []
-    for (_, b1), (_, b2) in zip(one.ops, two.ops):
-        per_pair = (b2 - b1) / 2  # 2 sentences: 2 more (sentence, head) pairs
-        parts.append(((b1 - 2 * per_pair) / nodes, per_pair / nodes))
     return {"tokens": tokens, "ops": len(one.ops), "syncs": one.syncs, "launches": one.launches,
-            "bytes": parts, "names": sorted({name for name, _ in one.ops})}
+            "bytes": _per_node(one.ops, two.ops, graph.num_nodes),
+            "names": sorted({name for name, _ in one.ops}),
+            "merges": [name for name, _ in one.merges],
+            "merge_bytes": _per_node(one.merges, two.merges, graph.num_nodes)}
 
 
 # ------------------------------------------------------------------------ the estimate
@@ -223,7 +249,8 @@ def triton_estimate(graph, n: int, args, glue) -> Dict[str, Range]:
     per_sm_tile = 4 * 2 * work["block_m"] * work["block_n"] * dim
     tail = [work["longest_program_tiles"] * per_sm_tile / (rate / 132) for rate in (high_rate, low_rate)]
     kernels = [max(work["flops"] * pairs / rate, memory, t) for rate, t in zip((high_rate, low_rate), tail)]
-    glue_bytes = [graph.num_nodes * (per_graph + pairs * per_pair) for per_graph, per_pair in glue["bytes"]]
+    glue_bytes = [graph.num_nodes * (per_graph + pairs * per_pair)
+                  for per_graph, per_pair in glue["bytes"] + glue["merge_bytes"]]
     glue_gpu = [sum(max(b / value("hbm"), floor) for b in glue_bytes) for floor in value("min_kernel_s")]
     host = [glue["ops"] * a + glue["launches"] * t + p for a, t, p in
             zip(value("aten_launch_s"), value("triton_launch_s"), value("python_s"))]
@@ -275,7 +302,9 @@ def write(rows, glue, args) -> str:
         f"Counted, not assumed: the glue of one forward + backward, run under Triton's interpreter on BPT "
         f"k = 1 over {glue['tokens']} tokens (bf16, relative keys, padding, split blocks): "
         f"{glue['ops']} PyTorch ops that launch kernels ({', '.join(glue['names'])}), "
-        f"{glue['launches']} Triton kernel launches and {glue['syncs']} host syncs; run with 1 and 2 heads, "
+        f"{glue['launches']} Triton kernel launches ({len(glue['merges'])} of them the merges of split blocks"
+        f"{': ' + ', '.join(glue['merges']) if glue['merges'] else ''}, costed on the GPU like glue ops) and "
+        f"{glue['syncs']} host syncs; run with 1 and 2 heads, "
         "each op's bytes split into a part per (sentence, head) and node and a part per node, scaled to "
         "the op. Tile counts, fill and FLOPs come from the plan the backend launches; the FlexAttention "
         "blocks from the graph's adjacency.",

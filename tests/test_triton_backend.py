@@ -159,14 +159,16 @@ def argument_type(name, value) -> str:
 
 
 def test_every_launch_is_a_configuration_of_the_compiled_table(monkeypatch):
-    """Every dtype and head dim, with and without relative keys, padding and dropout: each
-    launch has the constexprs, warps, stages and argument types that ``triton_aot`` compiles
-    (``UPCAST`` aside, the interpreter's bf16 switch), every table entry is launched, and the
+    """Every dtype and head dim, with and without relative keys, padding and dropout, split
+    blocks (one tile per program: the merges run): each launch has the constexprs, warps,
+    stages and argument types that ``triton_aot`` compiles (``UPCAST`` aside, the
+    interpreter's bf16 switch of the tile kernels), every table entry is launched, and the
     results match the reference at every tile size of the table."""
     launches = []
     for name in list(triton_backend.KERNELS):
         monkeypatch.setitem(triton_backend.KERNELS, name, LaunchRecorder(name, launches))
-    graph = bpt_graph(17, 2)
+    monkeypatch.setattr(tile_plan, "TILES_PER_ITEM", 1)
+    graph = bpt_graph.__wrapped__(17, 2)  # a fresh graph: its plans are built with these splits
     for dtype in triton_backend.GPU_DTYPES:
         for dim in triton_backend.HEAD_DIMS:
             check(graph, [17, 11], dtype, dropout_p=0.2, dim=dim)
@@ -179,10 +181,13 @@ def test_every_launch_is_a_configuration_of_the_compiled_table(monkeypatch):
     for name, args, kwargs in launches:
         dtype = str(args[0].dtype).replace("torch.", "")
         constants = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages")}
-        assert constants["UPCAST"] == (dtype == "bfloat16")
-        entry = (name, dtype, constants["D"], constants["DROPOUT"])
+        tile_kernel = name not in triton_backend.MERGE_KERNELS
+        assert constants.get("UPCAST", False) == (tile_kernel and dtype == "bfloat16")
+        entry = (name, dtype, constants["D"], constants.get("DROPOUT", False))
         configuration = table[entry]
-        assert {**constants, "UPCAST": False} == triton_aot.compile_constants(configuration)
+        assert {**constants, "UPCAST": False} == {**triton_aot.compile_constants(configuration),
+                                                  "UPCAST": False}
+        assert ("UPCAST" in constants) == tile_kernel
         assert (kwargs["num_warps"], kwargs["num_stages"]) == (configuration.num_warps,
                                                                configuration.num_stages)
         types = triton_aot.signature(triton_backend.KERNELS[name].kernel, dtype, constants)
@@ -476,40 +481,34 @@ def small_self_check(monkeypatch):
     return lambda: registry.self_check(triton_backend.triton_graph_attention, "cpu", torch.float32, 32)
 
 
-def test_the_split_block_merges_index_with_fixed_shapes(monkeypatch):
-    """What capturing a CUDA graph needs: the merges of split blocks index with the plan's own
-    tensors, never a boolean mask (a host sync on a GPU). Fake tensors refuse data-dependent
-    shapes, so a mask index fails here."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    monkeypatch.setattr(tile_plan, "TILES_PER_ITEM", 2)
-    graph = bpt_graph.__wrapped__(40, 1)  # a fresh graph: its plan is built with these splits
-    plan = tile_plan.build_plan(graph, *triton_backend.tiles(torch.float32, 32))
-    queries, keys = plan.query_work, plan.key_work
-    assert queries.num_parts and keys.num_parts
-    bh, dim = 2, 8
-    with FakeTensorMode(allow_non_fake_inputs=True):  # out: time-first [B, H, N, D]
-        out = torch.empty(graph.num_nodes, 1, bh, dim).permute(1, 2, 0, 3)
-        lse = torch.empty(bh, graph.num_nodes)
-        tile_plan.merge_forward(out, lse, torch.empty(queries.num_parts, bh, plan.block_m, dim),
-                                torch.empty(queries.num_parts, bh, plan.block_m), plan)
-        tile_plan.merge_sum(out, torch.empty(keys.num_parts, bh, plan.block_m, dim), keys)
-
-
 def test_the_self_check_passes_the_kernels(small_self_check):
     small_self_check()
 
 
+class FirstPartOnly(LaunchRecorder):
+    """The forward merge kernel, launched with a ``part_index`` that lists only each split
+    block's first part (the others read as padding): a merge that drops parts."""
+
+    def __getitem__(self, grid):
+        names = self.kernel.arg_names
+
+        def launch(*args, **kwargs):
+            args = list(args)
+            index, num_parts = args[names.index("part_index_ptr")], args[names.index("num_parts")]
+            first = torch.full_like(index, num_parts)
+            first[:, 0] = index[:, 0]
+            args[names.index("part_index_ptr")] = first
+            self.launches.append(self.name)
+            return self.kernel[grid](*args, **kwargs)
+        return launch
+
+
 def test_the_self_check_catches_a_split_block_merge_bug(small_self_check, monkeypatch):
-    def average_the_parts(out, lse, part_out, part_lse, plan):  # ignores the parts' weights
-        work = plan.query_work
-        merged = tile_plan._gather_parts(part_out, work).mean(1)
-        tile_plan._scatter_rows(out, merged, work)
-        tile_plan._scatter_rows(lse, torch.logsumexp(tile_plan._gather_parts(part_lse, work, float("-inf")), 1),
-                                work)
-    monkeypatch.setattr(triton_backend, "merge_forward", average_the_parts)
+    launches = []
+    monkeypatch.setitem(triton_backend.KERNELS, "merge_forward", FirstPartOnly("merge_forward", launches))
     with pytest.raises(RuntimeError, match="output differs"):
         small_self_check()
+    assert launches
 
 
 def test_the_self_check_catches_a_backward_that_redraws_the_dropout_mask(small_self_check, monkeypatch):

@@ -1,10 +1,13 @@
 """Every configuration the triton backend launches, compiled ahead of time for sm_80 and sm_90a
-(no GPU needed): zero register spills, shared memory within the block limit, tensor cores.
+(no GPU needed): zero register spills, shared memory within the block limit, tensor cores for
+the tile kernels (the merges of split blocks have no products: none is required of them).
 
-The 108 compiles (``triton_backend.CONFIGS``: 3 kernels x 3 dtypes x 3 head dims, each with
-and without dropout, for 2 targets) run in two fresh processes (``triton_aot.compile_all``):
-about 3 minutes on a shared 2-core machine. ``test_triton_backend`` checks that the backend
-launches exactly these configurations.
+The 162 compiles (``triton_backend.CONFIGS``: 3 tile kernels x 3 dtypes x 3 head dims, each
+with and without dropout, and 3 merge kernels x 3 dtypes x 3 head dims, for 2 targets) run
+in two fresh processes (``triton_aot.compile_all``): about 4 minutes on a shared 2-core
+machine. ``test_triton_backend`` checks that the backend launches exactly these
+configurations. Skipped without Triton; ``triton_aot`` needs no GPU but Triton's bundled
+ptxas (or ``TRITON_PTXAS_PATH``).
 """
 
 import pytest
@@ -27,11 +30,21 @@ def reports():
 
 def test_every_launched_configuration_compiles_cleanly_for_sm80_and_sm90a(reports):
     launched = reports[:-1]
-    assert len(launched) == 2 * 3 * 3 * 3 * 2  # targets x kernels x dtypes x head dims x dropout
+    # targets x (tile kernels x dropout + merges) x dtypes x head dims
+    assert len(launched) == 2 * (3 * 2 + 3) * 3 * 3
     bad = [f"{r.configuration} sm_{r.capability}: {'; '.join(r.problems())}"
            for r in launched if r.problems()]
     assert not bad, "\n".join(bad)
     assert all(r.blocks_per_sm >= 1 for r in launched)
+
+
+def test_tensor_cores_are_required_of_every_kernel_with_products_and_only_of_those(reports):
+    """The tile kernels use them (their report says True); the merges have no products, and
+    their report says that none was required (None), not that it was found."""
+    for r in reports[:-1]:
+        merge = r.configuration.kernel in triton_aot.NO_PRODUCTS
+        assert r.tensor_core is (None if merge else True), r.configuration
+        assert (triton_aot.tensor_core_instruction(r.configuration, r.capability) is None) == merge
 
 
 def test_an_oversized_configuration_fails_the_checks(reports):

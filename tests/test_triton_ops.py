@@ -193,13 +193,42 @@ def test_dropout_reads_nothing_on_the_host_and_draws_its_seed_on_the_query_devic
     assert reads.count == 1
 
 
-def test_the_glue_count_steps_into_the_ops():
+def test_the_split_block_merges_launch_on_grids_of_the_plans_shapes(monkeypatch):
+    """What capturing a CUDA graph needs, with split query and key blocks: a forward +
+    backward reads nothing on the host, and every merge kernel's grid is (the plan's split
+    blocks, sentences x heads), never a size read from the data."""
+    launches = []
+    launch = triton_backend._launch
+
+    def recording(name, grid, *args):
+        launches.append((name, grid))
+        return launch(name, grid, *args)
+    monkeypatch.setattr(triton_backend, "_launch", recording)
+    monkeypatch.setattr(tile_plan, "TILES_PER_ITEM", 2)
+    graph = bpt_graph.__wrapped__(40, 1)  # a fresh graph: its plan is built with these splits
+    (q, k, v, rel), _, mask = inputs(graph, [40, 23], torch.float32, heads=2)
+    graph_attention(q, k, v, graph, rel, mask, backend="triton")  # the plan is built once, outside the count
+    plan = tile_plan.plan_on(graph, *triton_backend.tiles(torch.float32, 32), "cpu")
+    assert plan.query_work.num_parts and plan.key_work.num_parts
+    launches.clear()
+    with HostReads() as reads:
+        graph_attention(q, k, v, graph, rel, mask, backend="triton").sum().backward()
+    assert reads.count == 0
+    merges = [(name, grid) for name, grid in launches if name in triton_backend.MERGE_KERNELS]
+    split = plan.query_work.part_index.size(0), plan.key_work.part_index.size(0)
+    assert merges == [("merge_forward", (split[0], 4)), ("merge_grad_q", (split[0], 4)),
+                      ("merge_grad_kv", (split[1], 4))]
+
+
+def test_the_glue_count_steps_into_the_ops(monkeypatch):
     """``scripts/triton_work_model.py`` counts the PyTorch ops inside the two ops (the
     relative-key GEMMs, the casts), not the two ops as two: 12 around the 3 Triton launches
     of a forward + backward without split blocks (``docs/cuda_ext.md``), on q, k, v as
     fairseq's attention hands them over (views of time-first projections), which go into
     the kernels without a copy (28 ops while the op made them contiguous), and with dQ
-    written in bf16 by its kernel (15 while dQ's relative-key term and cast followed it)."""
+    written in bf16 by its kernel (15 while dQ's relative-key term and cast followed it).
+    With split blocks the same 12 ops: the merges are 3 more Triton launches, no glue (57
+    ops at 1,100 tokens while they were PyTorch ops)."""
     from scripts import triton_work_model
 
     glue = triton_work_model.count_glue(100, 32)
@@ -207,3 +236,11 @@ def test_the_glue_count_steps_into_the_ops():
     assert not {"clone", "contiguous", "copy_"} & set(glue["names"])
     assert {"matmul", "zeros_like"} <= set(glue["names"])
     assert not {"triton_graph_attention", "triton_graph_attention_backward"} & set(glue["names"])
+    assert not glue["merges"]
+
+    monkeypatch.setattr(tile_plan, "TILES_PER_ITEM", 1)
+    monkeypatch.setattr(triton_work_model, "bpt_graph", bpt_graph.__wrapped__)  # fresh: split plans
+    split = triton_work_model.count_glue(40, 32)
+    assert (split["ops"], split["launches"], split["syncs"], split["names"]) == (12, 6, 0, glue["names"])
+    assert split["merges"] == ["merge_forward_kernel", "merge_grad_q_kernel", "merge_grad_kv_kernel"]
+    assert all(per_pair > 0 for _, per_pair in split["merge_bytes"])  # parts per (sentence, head)

@@ -19,8 +19,8 @@ enough tiles in three steps:
 
 Work items are (block, tile range, part): blocks with more than ``TILES_PER_ITEM`` tiles
 are split into parts (the root reads every token), merged after the kernel by log-sum-exp
-(forward) or by fixed-order sums (gradients), so results do not depend on scheduling
-(``merge_forward``, ``merge_sum``).
+(forward) or by sums (gradients) in the plan's part order, so results do not depend on
+scheduling (the merge kernels of ``triton_kernels``).
 Exact for every graph: tiles come from the edges, the tree only makes them few.
 """
 
@@ -39,17 +39,15 @@ MAX_EDGE_TYPES = 2**15 - 1  # edge types are stored as int16 (-1 = no edge)
 @dataclass(frozen=True)
 class WorkItems:
     """Programs of one kernel: ``items`` int32 [I, 4] = (block, first tile, end tile, part),
-    part = -1 for a block done by one program; ``part_index`` int64 [split blocks, max parts]
-    lists each split block's parts (``num_parts`` = padding), ``split_blocks`` int64 its id;
-    the split blocks' rows that are graph nodes, as positions in their flattened
-    [split blocks, BLOCK_M] rows (``split_rows``) and node ids (``split_nodes``), so that the
-    merges index with fixed shapes (no host sync: a CUDA graph can capture them)."""
+    part = -1 for a block done by one program; ``part_index`` int32 [split blocks, max parts]
+    lists each split block's parts in the order they are merged (``num_parts`` = padding),
+    ``split_nodes`` int32 [split blocks, BLOCK_M] the graph node of each of their rows (-1 =
+    none): what the merge kernels read, one program per split block (a grid fixed by the
+    plan: no host sync, a CUDA graph can capture it)."""
 
     items: torch.Tensor
     num_parts: int
     part_index: torch.Tensor
-    split_blocks: torch.Tensor
-    split_rows: torch.Tensor
     split_nodes: torch.Tensor
 
 
@@ -97,16 +95,16 @@ class TilePlan:
         return self.window_start.numel()
 
 
-WORK_TENSORS = 5  # the tensors of one WorkItems
+WORK_TENSORS = 3  # the tensors of one WorkItems
 
 
 def _work_tensors(work: WorkItems) -> Tuple[torch.Tensor, ...]:
-    return work.items, work.part_index, work.split_blocks, work.split_rows, work.split_nodes
+    return work.items, work.part_index, work.split_nodes
 
 
 def _work_from(tensors: Sequence[torch.Tensor], num_parts: int) -> WorkItems:
-    items, part_index, split_blocks, split_rows, split_nodes = tensors
-    return WorkItems(items, num_parts, part_index, split_blocks, split_rows, split_nodes)
+    items, part_index, split_nodes = tensors
+    return WorkItems(items, num_parts, part_index, split_nodes)
 
 
 def query_order(graph: AttentionGraph, block_m: int) -> torch.Tensor:
@@ -184,14 +182,12 @@ def _work_items(owner: torch.Tensor, block_nodes: torch.Tensor, tiles_per_item: 
     split_blocks = torch.nonzero(parts > 1).flatten()
     num_parts = int(split.sum())
     max_parts = int(parts.max()) if split_blocks.numel() else 0
-    part_index = torch.full((split_blocks.numel(), max_parts), num_parts, dtype=torch.int64)
+    part_index = torch.full((split_blocks.numel(), max_parts), num_parts, dtype=torch.int32)
     split_block_of = torch.full((num_blocks,), -1)
     split_block_of[split_blocks] = torch.arange(split_blocks.numel())
-    part_index[split_block_of[block[split]], part_in_block[split]] = part_id[split]
+    part_index[split_block_of[block[split]], part_in_block[split]] = part_id[split].to(torch.int32)
     items = torch.stack([block, begin, end, part_id], 1).to(torch.int32)
-    rows = block_nodes[split_blocks].flatten().long()
-    split_rows = torch.nonzero(rows >= 0).flatten()
-    return WorkItems(items, num_parts, part_index, split_blocks, split_rows, rows[split_rows])
+    return WorkItems(items, num_parts, part_index, block_nodes[split_blocks].to(torch.int32))
 
 
 def build_plan(graph: AttentionGraph, block_m: int, block_n: int) -> TilePlan:
@@ -239,46 +235,3 @@ def _to(plan: TilePlan, device) -> TilePlan:
             return WorkItems(*(move(getattr(x, f)) for f in WorkItems.__dataclass_fields__))
         return x
     return TilePlan(*(move(getattr(plan, f)) for f in TilePlan.__dataclass_fields__))
-
-
-# ------------------------------------------------- merging the parts of split blocks
-
-def _gather_parts(parts: torch.Tensor, work: WorkItems, fill=0.0) -> torch.Tensor:
-    """[S, max parts, BH, rows, ...] parts of each split block (``fill`` where padded)."""
-    return torch.cat([parts, parts.new_full((1, *parts.shape[1:]), fill)])[work.part_index]
-
-
-def _scatter_rows(target: torch.Tensor, values: torch.Tensor, work: WorkItems, term=None) -> None:
-    """target[..., node, ...] = values[s, bh, r] (+ ``term(nodes)`` [BH, nodes, ...], before
-    the cast to target's dtype) for the split blocks' rows that are nodes; ``target`` is
-    [BH, N] (``values`` [S, BH, rows]) or [B, H, N, D] in any memory order (``values``
-    [S, BH, rows, D])."""
-    flat = values.transpose(0, 1).flatten(1, 2)[:, work.split_rows]  # [BH, split rows, ...]
-    if term is not None:
-        flat = flat + term(work.split_nodes)
-    node_dim = target.dim() - values.dim() + 2
-    flat = flat.reshape(*target.shape[:node_dim], *flat.shape[1:])
-    target[(slice(None),) * node_dim + (work.split_nodes,)] = flat.to(target.dtype)
-
-
-def merge_forward(out, lse, part_out, part_lse, plan: TilePlan) -> None:
-    """Combine the parts of split query blocks by log-sum-exp (a part without keys: -inf);
-    rows without any key get lse = +inf. Nothing to do without split blocks."""
-    work = plan.query_work
-    if not work.num_parts:
-        return
-    lses = _gather_parts(part_lse, work, float("-inf"))  # [S, parts, BH, BLOCK_M]
-    total = torch.logsumexp(lses, 1)
-    no_key = torch.isinf(total)
-    weights = torch.exp(lses - torch.where(no_key, 0.0, total)[:, None])
-    merged = (weights[..., None] * _gather_parts(part_out, work)).sum(1)
-    _scatter_rows(out, merged, work)
-    _scatter_rows(lse, torch.where(no_key, float("inf"), total), work)
-
-
-def merge_sum(target, parts, work: WorkItems, term=None) -> None:
-    """Sum the parts of split blocks in a fixed order, then add ``term(nodes)`` (fp32 [BH,
-    nodes, D], the rows' term no part has) if given, and round once to target's dtype."""
-    if not work.num_parts:
-        return
-    _scatter_rows(target, _gather_parts(parts, work).sum(1), work, term)

@@ -2,15 +2,16 @@
 
 The interpreter proves the arithmetic but never compiles a kernel: one that spills registers,
 overflows shared memory or misses the tensor cores passes it. Triton compiles for an explicit
-target on any machine, so every binary the backend launches (each ``CONFIGS`` entry, with
-and without dropout) is compiled here for sm_80 and sm_90a and checked against what a GPU
-would reject or run slowly:
+target on any machine, so every binary the backend launches (each ``CONFIGS`` entry: the tile kernels
+with and without dropout, the merges of split blocks) is compiled here for sm_80 and sm_90a
+and checked against what a GPU would reject or run slowly:
 
 * zero spill stores and loads in the ptxas report of the shipped binary (register counts
   alone mislead: a badly spilling kernel can report few registers);
 * ``metadata.shared`` within the target's per-block limit (Triton checks it only at load);
 * the tensor-core product on the dtype's operands in the PTX (``wgmma.mma_async`` on sm_90a
-  for 64-row tiles, ``mma.sync`` for smaller ones and on sm_80).
+  for 64-row tiles, ``mma.sync`` for smaller ones and on sm_80), for the tile kernels: the
+  merges multiply no matrices (``NO_PRODUCTS``), so none is required of them.
 
 Pointers are compiled as 16-byte aligned and the tensors' int64 strides as multiples of 16
 elements (the backend guarantees both, copying a tensor that is neither), and the other
@@ -33,7 +34,7 @@ import sys
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import List
+from typing import List, Optional
 
 # capability -> (PTX target name, NVIDIA's maximum shared memory per block in bytes)
 TARGETS = {80: ("sm_80 (A100)", 166912), 90: ("sm_90a (H100)", 232448)}
@@ -43,6 +44,9 @@ REGISTERS_PER_SM = 65536
 MAX_THREADS_PER_SM = 2048
 MAX_BLOCKS_PER_SM = 32
 DTYPE_NAMES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+# kernels without a matrix product (weighted sums of their parts' rows): no tensor-core
+# instruction is required of them, and they have no dropout to compile
+NO_PRODUCTS = ("merge_forward", "merge_grad_q", "merge_grad_kv")
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,7 @@ class CompileReport:
     spill_stores: int
     spill_loads: int
     shared: int  # bytes of shared memory per block
-    tensor_core: bool  # the PTX has ``tensor_core_instruction``
+    tensor_core: Optional[bool]  # the PTX has ``tensor_core_instruction``; None: none required
 
     def problems(self) -> List[str]:
         """What a GPU would reject or run slowly (empty when the binary is fine)."""
@@ -74,7 +78,7 @@ class CompileReport:
             found.append(f"spills {self.spill_stores} B stores / {self.spill_loads} B loads")
         if self.shared > TARGETS[self.capability][1]:
             found.append(f"shared memory {self.shared} B > {TARGETS[self.capability][1]} B")
-        if not self.tensor_core:
+        if self.tensor_core is False:
             found.append(f"no {tensor_core_instruction(self.configuration, self.capability)} "
                          "in the PTX")
         return found
@@ -88,10 +92,13 @@ class CompileReport:
         return min(by_registers, by_shared, MAX_THREADS_PER_SM // threads, MAX_BLOCKS_PER_SM)
 
 
-def tensor_core_instruction(configuration: Configuration, capability: int) -> str:
+def tensor_core_instruction(configuration: Configuration, capability: int) -> Optional[str]:
     """The tensor-core product (a regular expression over the PTX) a configuration must
     use: ``wgmma.mma_async`` on sm_90a when its products have 64 rows, else ``mma.sync``; on
-    the dtype's operands (tf32 for fp32)."""
+    the dtype's operands (tf32 for fp32). None for a kernel without products
+    (``NO_PRODUCTS``)."""
+    if configuration.kernel in NO_PRODUCTS:
+        return None
     t = OPERAND_TYPES[configuration.dtype]
     if capability >= 90 and configuration.block_m >= WARPGROUP_ROWS:
         return rf"wgmma\.mma_async\.sync\.aligned\.m64n\d+k\d+\.f32\.{t}\.{t}"
@@ -99,12 +106,14 @@ def tensor_core_instruction(configuration: Configuration, capability: int) -> st
 
 
 def launched_configurations() -> List[Configuration]:
-    """Every configuration the backend launches: its ``CONFIGS`` table, entry by entry."""
+    """Every configuration the backend launches: its ``CONFIGS`` table, entry by entry, the
+    tile kernels with and without dropout."""
     from fairseq_plugins.graph_attention.triton_backend import CONFIGS
 
     return [Configuration(kernel, str(dtype).replace("torch.", ""), dim, c.block_m, c.block_n,
                           c.num_warps, c.num_stages, dropout)
-            for (kernel, dtype, dim), c in CONFIGS.items() for dropout in (False, True)]
+            for (kernel, dtype, dim), c in CONFIGS.items()
+            for dropout in ((False,) if kernel in NO_PRODUCTS else (False, True))]
 
 
 def compile_constants(configuration: Configuration) -> dict:
@@ -132,7 +141,8 @@ def signature(kernel, dtype: str, constants: dict) -> dict:
             types[name] = f"*{element}"
         elif name.endswith("types_ptr"):
             types[name] = "*i16"
-        elif name in ("slot_node_ptr", "items_ptr", "tile_start_ptr", "window_start_ptr"):
+        elif name in ("slot_node_ptr", "items_ptr", "tile_start_ptr", "window_start_ptr",
+                      "part_index_ptr", "split_nodes_ptr"):
             types[name] = "*i32"
         elif name == "pad_ptr":
             types[name] = "*u8"
@@ -173,10 +183,11 @@ def compile_configuration(configuration: Configuration, capability: int) -> Comp
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
     if registers is None or spills is None:
         raise RuntimeError(f"no ptxas resource report for {configuration}:\n{report}")
+    instruction = tensor_core_instruction(configuration, capability)
     return CompileReport(configuration, capability, int(registers.group(1)),
                          int(spills.group(1)), int(spills.group(2)), compiled.metadata.shared,
-                         re.search(tensor_core_instruction(configuration, capability),
-                                   compiled.asm["ptx"]) is not None)
+                         None if instruction is None else
+                         re.search(instruction, compiled.asm["ptx"]) is not None)
 
 
 def _compile_in_worker(arguments):
@@ -225,12 +236,15 @@ def main(argv=None):
           "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in reports:
         c = r.configuration
-        product = "wgmma" if "wgmma" in tensor_core_instruction(c, r.capability) else "mma.sync"
+        instruction = tensor_core_instruction(c, r.capability)
+        product = ("none needed (no products)" if instruction is None else
+                   ("wgmma" if "wgmma" in instruction else "mma.sync") if r.tensor_core else "NO")
+        tile = f"{c.block_m} rows" if instruction is None else f"{c.block_m} x {c.block_n}"
         print(f"| {TARGETS[r.capability][0]} | {c.kernel} | {c.dtype} | {c.head_dim} "
-              f"| {c.block_m} x {c.block_n} | {c.num_warps} | {c.num_stages} "
+              f"| {tile} | {c.num_warps} | {c.num_stages} "
               f"| {'on' if c.dropout else 'off'} | {r.registers} "
               f"| {r.spill_stores + r.spill_loads} | {r.shared / 1024:.1f} | {r.blocks_per_sm} "
-              f"| {product if r.tensor_core else 'NO'} |")
+              f"| {product} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump([asdict(r) for r in reports], f, indent=1)

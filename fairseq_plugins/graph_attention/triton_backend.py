@@ -4,9 +4,10 @@ Forward: one program per (query block or part of it, sentence x head) walks the 
 tiles (``tile_plan``) with an online softmax in fp32 and saves the log-sum-exp. Backward,
 FA2 style: dQ per query block (its kernel also writes Delta = rowsum(dO * O)); dK/dV, in the
 input dtype, per aligned key block over the windows of query slots that read it. Parts of
-split blocks are merged here, in a fixed order. q, k, v, dO and the outputs are
-[B, H, N, D] tensors read and written through their strides: the time-first views fairseq's
-attention hands over go in without a copy, and come back time-first.
+split blocks are merged by three small kernels (forward, dQ, dK with dV), in the plan's
+order. q, k, v, dO and the outputs are [B, H, N, D] tensors read and written through their
+strides: the time-first views fairseq's attention hands over go in without a copy, and come
+back time-first.
 Forward and backward are ``torch.library`` ops over the plan's tensors (``forward_op``,
 ``backward_op``) with fake implementations, so ``torch.compile`` traces them; the dropout
 seed is a tensor on the query's device (``draw_seed``), never read on the host.
@@ -37,7 +38,7 @@ from torch import Tensor
 from fairseq_plugins.graph_attention import triton_kernels  # ImportError without Triton
 from fairseq_plugins.graph_attention.precision import autocast_off
 from fairseq_plugins.graph_attention.registry import register_backend
-from fairseq_plugins.graph_attention.tile_plan import TilePlan, merge_forward, merge_sum, plan_on
+from fairseq_plugins.graph_attention.tile_plan import TilePlan, WorkItems, plan_on
 from fairseq_plugins.graphs.attention_graph import AttentionGraph
 
 HEAD_DIMS = (32, 64, 128)
@@ -86,14 +87,32 @@ _FP32 = {  # 4-byte operands, split again by tf32x3: smaller tiles (larger ones 
     ("backward_key", 64): LaunchConfig(32, 16, 4, 1),
     ("backward_key", 128): LaunchConfig(16, 16, 4, 1),
 }
-# (kernel, dtype, head dim) -> the one configuration launched, each with and without dropout
+# the merges of split blocks: the plan's block (their BLOCK_M), no pipelining (a handful of
+# parts, no products), a warp per 1024 elements of their fp32 [block_m, D] sums (32
+# registers a thread), at least 4 (head dim 128 on 4 warps spills on sm_90a)
+MERGE_KERNELS = ("merge_forward", "merge_grad_q", "merge_grad_kv")
+
+
+def merge_warps(block_m: int, head_dim: int) -> int:
+    return max(4, block_m * head_dim // 1024)
+
+
+# (kernel, dtype, head dim) -> the one configuration launched, the three tile kernels each
+# with and without dropout
 CONFIGS: Dict[Tuple[str, torch.dtype, int], LaunchConfig] = {
     (kernel, dtype, dim): config
     for dtype, table in ((torch.float32, _FP32), (torch.float16, _HALF), (torch.bfloat16, _HALF))
     for (kernel, dim), config in table.items()}
+CONFIGS.update({(merge, dtype, dim): LaunchConfig(config.block_m, config.block_n,
+                                                  merge_warps(config.block_m, dim), 1)
+                for (kernel, dtype, dim), config in list(CONFIGS.items()) if kernel == "forward"
+                for merge in MERGE_KERNELS})
 KERNELS = {"forward": triton_kernels.forward_kernel,
            "backward_query": triton_kernels.backward_query_kernel,
-           "backward_key": triton_kernels.backward_key_kernel}
+           "backward_key": triton_kernels.backward_key_kernel,
+           "merge_forward": triton_kernels.merge_forward_kernel,
+           "merge_grad_q": triton_kernels.merge_grad_q_kernel,
+           "merge_grad_kv": triton_kernels.merge_grad_kv_kernel}
 
 
 def interpreted() -> bool:
@@ -137,7 +156,13 @@ def adds_rel_term(dtype: torch.dtype) -> bool:
 def kernel_constants(kernel: str, dtype: torch.dtype, head_dim: int, config: LaunchConfig,
                      dropout: bool, upcast=False) -> dict:
     """The constexpr arguments of a launch (shared with the ahead-of-time compile); the key
-    kernel's tiles are the transposed ones (block_m keys x block_n query slots)."""
+    kernel's tiles are the transposed ones (block_m keys x block_n query slots). The merges
+    take the plan's block (their parts' rows) and no products, dropout or upcast."""
+    if kernel in MERGE_KERNELS:
+        constants = dict(D=head_dim, BLOCK_M=config.block_m)
+        if kernel == "merge_grad_q":
+            constants["REL_TERM"] = adds_rel_term(dtype)
+        return constants
     rows, cols = config.block_m, config.block_n
     if kernel == "backward_key":
         rows, cols = cols, rows
@@ -155,6 +180,8 @@ def device_guard(tensor: torch.Tensor):
 
 
 def _launch(name, grid, dtype, head_dim, dropout, *args):
+    """Launch kernel ``name`` in its configuration for (dtype, head dim); ``args[0]`` is a
+    tensor on the launch's device."""
     config = CONFIGS[(name, dtype, head_dim)]
     # the interpreter's bf16 tl.dot is wrong (Triton issue 11584): compute those in fp32
     upcast = interpreted() and dtype == torch.bfloat16
@@ -234,8 +261,64 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, rel_key: Optional[Tensor]
                 q, k, v, out, lse, part_out, part_lse, tiles.slot_node, work.items,
                 tiles.tile_start, tiles.tile_types, *scalars[:2],
                 *_strides(q), *_strides(k), *_strides(v), *_strides(out), *scalars[2:])
-        merge_forward(out, lse, part_out, part_lse, tiles)
+        merge_forward(out, lse, part_out, part_lse, work)
         return out, lse, rel_table
+
+
+# The merges of split blocks (``triton_kernels``' merge kernels): one program per (split
+# block, sentence x head), a grid of the plan's shapes; nothing to launch without split
+# blocks. Targets are [B, H, N, D] in any layout (``_strides``); parts are fp32 [parts, B*H,
+# block_m, D] (log-sum-exps [parts, B*H, block_m]), as the tile kernels write them.
+
+def _merge_launch(name: str, target: Tensor, work: WorkItems):
+    """A launcher of merge kernel ``name`` for ``target``'s dtype and head dim over
+    ``work``'s split blocks, and the plan's arguments (part_index, split_nodes) and sizes
+    (num_parts, max_parts); None without split blocks."""
+    if not work.num_parts:
+        return None
+    bsz, heads, _, dim = target.shape
+
+    def launch(*args):
+        _launch(name, (work.part_index.size(0), bsz * heads), target.dtype, dim, False, *args)
+    return launch, (work.part_index, work.split_nodes), (work.num_parts, work.part_index.size(1))
+
+
+def merge_forward(out: Tensor, lse: Tensor, part_out: Tensor, part_lse: Tensor, work: WorkItems) -> None:
+    """The rows of split query blocks in ``out`` (its dtype) and ``lse`` (fp32 [B*H, N]): their
+    parts combined by log-sum-exp (a part without keys has lse -inf; a row without any key
+    gets zeros and lse = +inf)."""
+    merge = _merge_launch("merge_forward", out, work)
+    if merge:
+        launch, plan, sizes = merge
+        bsz, heads, num_nodes, _ = out.shape
+        launch(out, lse, part_out, part_lse, *plan, *_strides(out), *sizes, num_nodes, heads,
+               bsz * heads)
+
+
+def merge_grad_q(grad_q: Tensor, part_grad_q: Tensor, work: WorkItems, grad_rows: Tensor,
+                 rel_key32: Tensor, has_rel: bool) -> None:
+    """The rows of split query blocks in ``grad_q``: the sum of their parts and, for fp16/bf16
+    (``adds_rel_term``) with relative keys, their relative-key term grad_rows @ rel_key32
+    (scaled per-(row, type) sums fp32 [B*H*N, T], rel_key fp32 [T, D]; pointers never read
+    without relative keys), rounded once."""
+    merge = _merge_launch("merge_grad_q", grad_q, work)
+    if merge:
+        launch, plan, sizes = merge
+        bsz, heads, num_nodes, _ = grad_q.shape
+        launch(grad_q, part_grad_q, *plan, grad_rows, rel_key32, *_strides(grad_q), *sizes,
+               num_nodes, grad_rows.size(-1) if has_rel else 0, heads, bsz * heads, int(has_rel))
+
+
+def merge_grad_kv(grad_k: Tensor, grad_v: Tensor, part_grad_k: Tensor, part_grad_v: Tensor,
+                  work: WorkItems) -> None:
+    """The rows of split key blocks in ``grad_k`` and ``grad_v`` (one launch): the sums of
+    their parts."""
+    merge = _merge_launch("merge_grad_kv", grad_k, work)
+    if merge:
+        launch, plan, sizes = merge
+        bsz, heads, _, _ = grad_k.shape
+        launch(grad_k, grad_v, part_grad_k, part_grad_v, *plan, *_strides(grad_k),
+               *_strides(grad_v), *sizes, heads, bsz * heads)
 
 
 def _rows_fp32(q: Tensor) -> Tensor:
@@ -284,18 +367,11 @@ def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: T
                 tiles.slot_node, work.items, tiles.tile_start, tiles.tile_types, *scalars[:2],
                 *_strides(q), *_strides(k), *_strides(v), *_strides(out), *_strides(grad_out),
                 *_strides(grad_q), *scalars[2:])
-        rel_term = None
         if rel_key is not None:
             grad_rows.mul_(scale)  # d(score) summed per (row, type), scaled: d rel_key's rows
-
-            def rel_term(nodes):  # dQ's relative-key term of these nodes, fp32 [BH, nodes, D]
-                return grad_rows.view(bh, num_nodes, -1)[:, nodes] @ rel_key32
-        if adds_rel_term(q.dtype):  # split rows: the term joins the parts' fp32 sum, rounded once
-            merge_sum(grad_q, part_grad_q, work, rel_term)
-        else:  # fp32 dQ: the term is added to every row here
-            merge_sum(grad_q, part_grad_q, work)
-            if rel_term is not None:
-                grad_q += rel_term(slice(None)).view(q.shape)
+        merge_grad_q(grad_q, part_grad_q, work, grad_rows, rel_key32, rel_key is not None)
+        if rel_key is not None and not adds_rel_term(q.dtype):  # fp32 dQ: the term of every row
+            grad_q += (grad_rows @ rel_key32).view(q.shape)
 
         work = tiles.key_work
         grad_k, grad_v = empty_in_layout(k, q.dtype), empty_in_layout(v, q.dtype)
@@ -306,8 +382,7 @@ def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: T
                 tiles.slot_node, tiles.slot_node.numel(), work.items, tiles.window_start,
                 tiles.window_types, *scalars[:2], *_strides(q), *_strides(k), *_strides(v),
                 *_strides(grad_out), *_strides(grad_k), *_strides(grad_v), *scalars[2:])
-        merge_sum(grad_k, part_grad_k, work)
-        merge_sum(grad_v, part_grad_v, work)
+        merge_grad_kv(grad_k, grad_v, part_grad_k, part_grad_v, work)
 
         grad_rel = q.new_empty(0)
         if rel_key is not None:

@@ -6,10 +6,11 @@ starting anywhere, with an int16 tile of edge types (-1 = no edge). The key-majo
 backward has the transposed tiles: aligned blocks of ``BLOCK_N`` keys (its constexprs are
 swapped, so that both sides' products have the plan's block_m rows), each with windows of
 ``BLOCK_M`` consecutive query slots. A work item is one block and a range of its tiles; an
-item whose block is split across programs writes a partial result that ``triton_backend``
-merges.
+item whose block is split across programs writes a partial result in fp32, which a merge
+kernel (below) combines with the block's other parts.
 
-Every kernel runs one (work item, batch x head) per program. Scores and softmax statistics
+Every tile kernel runs one (work item, batch x head) per program, every merge kernel one
+(split block, batch x head). Scores and softmax statistics
 are fp32; every product has the input precision ``PRECISION`` (tf32x3 for fp32 operands);
 ``UPCAST`` casts the loaded operands to fp32 (the interpreter's bf16 ``tl.dot`` is wrong,
 Triton issue 11584). Dropout keeps an edge when a hash of (seed, batch x head, query
@@ -114,9 +115,18 @@ def _load_rows(base, nodes, stride_n, present, D: tl.constexpr, UPCAST: tl.const
 
 @triton.jit
 def _query_rows(slot_node_ptr, block, BLOCK_M: tl.constexpr):
-    """(graph node clamped to >= 0, row holds a node) of the slots of a query block."""
+    """(graph node clamped to >= 0, row holds a node) of the rows of ``block`` in a
+    [blocks, BLOCK_M] table of nodes (-1 = none): a query block's slots, a split block's rows."""
     node = tl.load(slot_node_ptr + block * BLOCK_M + tl.arange(0, BLOCK_M))
     return tl.maximum(node, 0), node >= 0
+
+
+@triton.jit
+def _store_rows(ptr, bh, heads, stride_b, stride_h, stride_n, nodes, present, x, D: tl.constexpr):
+    """Write [len(nodes), D] rows ``x`` of head ``bh`` of a [B, H, N, D] tensor, in its dtype,
+    where ``present``."""
+    tl.store(_head(ptr, bh, heads, stride_b, stride_h) + _row_offsets(nodes, stride_n, D),
+             x.to(ptr.dtype.element_ty), mask=present[:, None])
 
 
 @triton.jit
@@ -198,9 +208,8 @@ def forward_kernel(
     lse = m_i + tl.log(tl.where(has_key, l_i, 1.0))
     d = tl.arange(0, D)
     if part < 0:  # the block's only item: final rows; a row without a key has lse = +inf
-        tl.store(_head(out_ptr, bh, heads, stride_ob, stride_oh)
-                 + _row_offsets(query_node, stride_on, D),
-                 out.to(out_ptr.dtype.element_ty), mask=row_present[:, None])
+        _store_rows(out_ptr, bh, heads, stride_ob, stride_oh, stride_on, query_node, row_present,
+                    out, D)
         tl.store(lse_ptr + bh.to(tl.int64) * num_nodes + query_node,
                  tl.where(has_key, lse, float("inf")), mask=row_present)
     else:  # one part of a split block, merged by log-sum-exp afterwards (-inf = no key)
@@ -232,8 +241,8 @@ def backward_query_kernel(
     rel_key[t] (``rel_key_ptr``: fp32 [T, D]), is added in fp32 before the one rounding to the
     input dtype, so it needs a row's complete sums: a block done by one program adds it here
     (its rows' sums are all its own atomics: after a barrier, read back from L2); the parts of
-    a split block leave it to the merge, which adds it to their fp32 sum. Without (fp32), the
-    caller adds it to the fp32 dQ."""
+    a split block leave it to ``merge_grad_q_kernel``, which adds it to their fp32 sum.
+    Without (fp32), the caller adds it to the fp32 dQ."""
     block, first_tile, end_tile, part = _item(items_ptr)
     bh = tl.program_id(1)
     k_base = _head(k_ptr, bh, heads, stride_kb, stride_kh)
@@ -287,9 +296,8 @@ def backward_query_kernel(
                                   mask=(rel_type < num_types)[:, None], other=0.0)
                 grad_q += tl.dot(sums, rel_key, input_precision="tf32x3")
         grad_q *= scale
-        tl.store(_head(grad_q_ptr, bh, heads, stride_dqb, stride_dqh)
-                 + _row_offsets(query_node, stride_dqn, D), grad_q.to(grad_q_ptr.dtype.element_ty),
-                 mask=row_present[:, None])
+        _store_rows(grad_q_ptr, bh, heads, stride_dqb, stride_dqh, stride_dqn, query_node,
+                    row_present, grad_q, D)
     else:
         grad_q *= scale
         offset = (part.to(tl.int64) * num_batch_heads + bh) * BLOCK_M * D
@@ -362,14 +370,149 @@ def backward_key_kernel(
     grad_k *= scale
     d = tl.arange(0, D)
     if part < 0:
-        tl.store(_head(grad_k_ptr, bh, heads, stride_dkb, stride_dkh)
-                 + _row_offsets(key_node, stride_dkn, D),
-                 grad_k.to(grad_k_ptr.dtype.element_ty), mask=key_exists[:, None])
-        tl.store(_head(grad_v_ptr, bh, heads, stride_dvb, stride_dvh)
-                 + _row_offsets(key_node, stride_dvn, D),
-                 grad_v.to(grad_v_ptr.dtype.element_ty), mask=key_exists[:, None])
+        _store_rows(grad_k_ptr, bh, heads, stride_dkb, stride_dkh, stride_dkn, key_node, key_exists,
+                    grad_k, D)
+        _store_rows(grad_v_ptr, bh, heads, stride_dvb, stride_dvh, stride_dvn, key_node, key_exists,
+                    grad_v, D)
     else:
         offset = (part.to(tl.int64) * num_batch_heads + bh) * BLOCK_N * D
         offset += keys[:, None] * D + d[None, :]
         tl.store(part_grad_k_ptr + offset, grad_k)
         tl.store(part_grad_v_ptr + offset, grad_v)
+
+
+# ------------------------------------------------- merging the parts of split blocks
+#
+# One program per (split block, batch x head): the block's parts, read in the plan's order
+# (``part_index`` [split blocks, max parts], padded with ``num_parts``), are combined in fp32
+# and its rows that are graph nodes (``split_nodes`` [split blocks, BLOCK_M], -1 = none)
+# written once, through the target's strides, in its dtype. No atomics and a fixed order:
+# the merges add no run-to-run variation. Part buffers are [parts, batch x head, BLOCK_M, D] fp32 (the
+# log-sum-exp [parts, batch x head, BLOCK_M]), as the kernels above write them. The merges
+# multiply no matrices (weights, sums, one FMA loop): nothing for the tensor cores.
+
+MERGE_SCALARS = ["num_parts", "max_parts", "heads", "num_batch_heads"]
+
+
+@triton.jit
+def _part_offset(part, bh, num_parts, num_batch_heads, BLOCK_M: tl.constexpr):
+    """(element offset (int64) of (part, bh)'s first row in a [parts, BH, BLOCK_M] buffer,
+    the part is not padding): padding reads as masked loads of part 0, not as a branch (a
+    branch in the loop makes ptxas spill)."""
+    real = part < num_parts
+    return (tl.where(real, part, 0).to(tl.int64) * num_batch_heads + bh) * BLOCK_M, real
+
+
+@triton.jit
+def _part_lse(part_lse_ptr, part, bh, num_parts, num_batch_heads, BLOCK_M: tl.constexpr):
+    """[BLOCK_M] log-sum-exps of a part (-inf for padding: no keys)."""
+    offset, real = _part_offset(part, bh, num_parts, num_batch_heads, BLOCK_M)
+    rows = tl.arange(0, BLOCK_M)
+    return tl.load(part_lse_ptr + offset + rows, mask=_flag(rows < BLOCK_M, real),
+                   other=float("-inf"))
+
+
+@triton.jit
+def _part_rows(parts_ptr, part, bh, num_parts, num_batch_heads, D: tl.constexpr,
+               BLOCK_M: tl.constexpr):
+    """[BLOCK_M, D] fp32 rows of a part (zeros for padding)."""
+    offset, real = _part_offset(part, bh, num_parts, num_batch_heads, BLOCK_M)
+    rows = tl.arange(0, BLOCK_M)
+    return tl.load(parts_ptr + offset * D + rows[:, None] * D + tl.arange(0, D)[None, :],
+                   mask=_flag(rows < BLOCK_M, real)[:, None], other=0.0)
+
+
+@triton.jit
+def _sum_parts(parts_ptr, part_index_ptr, bh, num_parts, max_parts, num_batch_heads,
+               D: tl.constexpr, BLOCK_M: tl.constexpr):
+    """[BLOCK_M, D] fp32 sum of this program's split block's parts, in the plan's order."""
+    total = tl.zeros([BLOCK_M, D], tl.float32)
+    index = part_index_ptr + tl.program_id(0) * max_parts
+    for p in range(max_parts):
+        total += _part_rows(parts_ptr, tl.load(index + p), bh, num_parts, num_batch_heads, D,
+                            BLOCK_M)
+    return total
+
+
+@triton.jit(do_not_specialize=MERGE_SCALARS + ["num_nodes"])
+def merge_forward_kernel(
+    out_ptr, lse_ptr, part_out_ptr, part_lse_ptr, part_index_ptr, split_nodes_ptr,
+    stride_ob: tl.int64, stride_oh: tl.int64, stride_on: tl.int64,
+    num_parts, max_parts, num_nodes, heads, num_batch_heads,
+    D: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """Output and log-sum-exp of a split query block's rows from its parts' normalised
+    outputs and log-sum-exps: out = sum_p exp(lse_p - m) out_p / sum_p exp(lse_p - m), lse =
+    m + log(sum_p exp(lse_p - m)), m the rows' largest lse_p. A part without keys has lse_p =
+    -inf (weight 0); a row without any key gets zeros and lse = +inf, as a block done by one
+    program writes it."""
+    bh = tl.program_id(1)
+    node, present = _query_rows(split_nodes_ptr, tl.program_id(0), BLOCK_M)
+    index = part_index_ptr + tl.program_id(0) * max_parts
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    for p in range(max_parts):  # the largest log-sum-exp: weights at most 1
+        m = tl.maximum(m, _part_lse(part_lse_ptr, tl.load(index + p), bh, num_parts,
+                                    num_batch_heads, BLOCK_M))
+    has_key = m > float("-inf")
+    m = tl.where(has_key, m, 0.0)
+    total = tl.zeros([BLOCK_M], tl.float32)
+    out = tl.zeros([BLOCK_M, D], tl.float32)
+    for p in range(max_parts):
+        part = tl.load(index + p)
+        weight = tl.exp(_part_lse(part_lse_ptr, part, bh, num_parts, num_batch_heads, BLOCK_M) - m)
+        total += weight
+        out += weight[:, None] * _part_rows(part_out_ptr, part, bh, num_parts, num_batch_heads, D,
+                                            BLOCK_M)
+    total = tl.where(has_key, total, 1.0)
+    _store_rows(out_ptr, bh, heads, stride_ob, stride_oh, stride_on, node, present,
+                out / total[:, None], D)
+    tl.store(lse_ptr + bh.to(tl.int64) * num_nodes + node,
+             tl.where(has_key, m + tl.log(total), float("inf")), mask=present)
+
+
+@triton.jit(do_not_specialize=MERGE_SCALARS + ["num_nodes", "num_types", "has_rel"])
+def merge_grad_q_kernel(
+    grad_q_ptr, part_grad_q_ptr, part_index_ptr, split_nodes_ptr, grad_rel_ptr, rel_key_ptr,
+    stride_dqb: tl.int64, stride_dqh: tl.int64, stride_dqn: tl.int64,
+    num_parts, max_parts, num_nodes, num_types, heads, num_batch_heads, has_rel,
+    D: tl.constexpr, BLOCK_M: tl.constexpr, REL_TERM: tl.constexpr,
+):
+    """dQ of a split query block's rows: the sum of its parts (already scaled) and, with
+    ``REL_TERM`` and relative keys, the rows' relative-key term sum_t grad_rel[row, t] *
+    rel_key[t] (``grad_rel_ptr``: the scaled per-(row, type) sums [BH, N, T], complete once
+    the dQ kernel has run; ``rel_key_ptr``: fp32 [T, D]), added in fp32 before the one
+    rounding to dQ's dtype. The term is an FMA per type: only the split rows (the top spans)
+    need it, and this keeps their fp32 sum in registers (no gather, GEMM and fp32 rows
+    around the kernel)."""
+    bh = tl.program_id(1)
+    node, present = _query_rows(split_nodes_ptr, tl.program_id(0), BLOCK_M)
+    grad_q = _sum_parts(part_grad_q_ptr, part_index_ptr, bh, num_parts, max_parts,
+                        num_batch_heads, D, BLOCK_M)
+    if REL_TERM and has_rel != 0:
+        sums = grad_rel_ptr + (bh.to(tl.int64) * num_nodes + node) * num_types
+        rel_key = rel_key_ptr + tl.arange(0, D)
+        for rel_type in range(num_types):
+            grad_q += (tl.load(sums + rel_type, mask=present, other=0.0)[:, None]
+                       * tl.load(rel_key + rel_type * D)[None, :])
+    _store_rows(grad_q_ptr, bh, heads, stride_dqb, stride_dqh, stride_dqn, node, present, grad_q,
+                D)
+
+
+@triton.jit(do_not_specialize=MERGE_SCALARS)
+def merge_grad_kv_kernel(
+    grad_k_ptr, grad_v_ptr, part_grad_k_ptr, part_grad_v_ptr, part_index_ptr, split_nodes_ptr,
+    stride_dkb: tl.int64, stride_dkh: tl.int64, stride_dkn: tl.int64,
+    stride_dvb: tl.int64, stride_dvh: tl.int64, stride_dvn: tl.int64,
+    num_parts, max_parts, heads, num_batch_heads, D: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """dK and dV of a split key block's rows: the sums of their parts (one launch for both)."""
+    bh = tl.program_id(1)
+    node, present = _query_rows(split_nodes_ptr, tl.program_id(0), BLOCK_M)
+    grad_k = _sum_parts(part_grad_k_ptr, part_index_ptr, bh, num_parts, max_parts,
+                        num_batch_heads, D, BLOCK_M)
+    _store_rows(grad_k_ptr, bh, heads, stride_dkb, stride_dkh, stride_dkn, node, present, grad_k,
+                D)
+    grad_v = _sum_parts(part_grad_v_ptr, part_index_ptr, bh, num_parts, max_parts,
+                        num_batch_heads, D, BLOCK_M)
+    _store_rows(grad_v_ptr, bh, heads, stride_dvb, stride_dvh, stride_dvn, node, present, grad_v,
+                D)
