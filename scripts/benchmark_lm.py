@@ -11,9 +11,9 @@ shared machine slow all of them alike); the median per model and context, tokens
 the ratio to ``transformer_lm``'s tokens per second measured in the same run, and time per token
 relative to the shortest context. ``--checkpointed-ks`` adds BPT with fairseq's
 ``--checkpoint-activations`` (training only): the layers' activations recomputed in the
-backward, memory traded for time; ``--recomputed-ks`` adds BPT with ``--graph-recompute-ffn``
-(the FFN's hidden states recomputed), alone and with ``--checkpoint-activations``. Peak
-memory: two updates in a fresh process per model and
+backward, memory traded for time; ``--recomputed-ks`` adds BPT with
+``--graph-recompute-norms-ffn`` (the layer norms and the FFN's hidden states recomputed), alone
+and with ``--checkpoint-activations``. Peak memory: two updates in a fresh process per model and
 context, peak resident memory above the built model's (``/proc/self/clear_refs``), with
 glibc's allocator returning every freed tensor (``MEMORY_ENV``), so that the peak is what
 the updates hold, not what the allocator cached.
@@ -163,7 +163,8 @@ def main(argv=None):
     p.add_argument("--checkpointed-ks", type=int, nargs="*", default=[4],
                    help="these ks also trained with --checkpoint-activations (training only)")
     p.add_argument("--recomputed-ks", type=int, nargs="*", default=[4],
-                   help="these ks also trained with --graph-recompute-ffn, alone and with --checkpoint-activations")
+                   help="these ks also trained with --graph-recompute-norms-ffn, alone and with "
+                        "--checkpoint-activations")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--dim", type=int, default=256)
     p.add_argument("--heads", type=int, default=4)

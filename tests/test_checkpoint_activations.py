@@ -1,6 +1,6 @@
 """``--checkpoint-activations`` reaches the plugin's own layers (fairseq wraps only the layers it
 builds itself) and recomputes them in the backward without changing a gradient; so does
-``--graph-recompute-ffn`` (the graph layers' FFN, chunk by chunk), alone and with it."""
+``--graph-recompute-norms-ffn`` (the graph layers' FFN, chunk by chunk), alone and with it."""
 
 import pytest
 import torch
@@ -77,7 +77,7 @@ def test_checkpointed_layers_give_the_same_gradients(tmp_path, name):
 
 
 def _graph_layers(model):
-    return [layer for layer in _layers(model) if hasattr(layer, "recompute_ffn")]
+    return [layer for layer in _layers(model) if hasattr(layer, "recompute_norms_ffn")]
 
 
 @pytest.mark.parametrize("checkpointed", [False, True], ids=["alone", "with-checkpoint-activations"])
@@ -87,7 +87,7 @@ def test_recomputed_ffn_gives_the_same_gradients(tmp_path, monkeypatch, name, ch
     build, inputs = BUILDERS[name]
     task, plain = build(tmp_path, [])
     extra = ["--checkpoint-activations"] if checkpointed else []
-    _, recomputed = build(tmp_path, ["--graph-recompute-ffn", *extra])
-    assert _graph_layers(plain) and not any(layer.recompute_ffn for layer in _graph_layers(plain))
-    assert all(layer.recompute_ffn for layer in _graph_layers(recomputed))
+    _, recomputed = build(tmp_path, ["--graph-recompute-norms-ffn", *extra])
+    assert _graph_layers(plain) and not any(layer.recompute_norms_ffn for layer in _graph_layers(plain))
+    assert all(layer.recompute_norms_ffn for layer in _graph_layers(recomputed))
     assert_same_gradients(plain, recomputed, inputs(task))

@@ -13,8 +13,8 @@ def test_benchmark_lm_tiny(tmp_path):
                       "--threads", "1", "--prefixes", "8", "16", "--sample-steps", "2", "--backend", "torch",
                       "--out", out)  # fmt: skip
     result = json.loads(out.with_suffix(".json").read_text())
-    assert set(result["train"]) == {"transformer_lm", "bpt_lm k2", "bpt_lm k2 checkpointed", "bpt_lm k2 recompute-ffn",
-                                    "bpt_lm k2 checkpointed + recompute-ffn"}
+    assert set(result["train"]) == {"transformer_lm", "bpt_lm k2", "bpt_lm k2 checkpointed",
+                                    "bpt_lm k2 recompute-norms-ffn", "bpt_lm k2 checkpointed + recompute-norms-ffn"}
     assert set(result["train"]["bpt_lm k2"]) == {"32", "64"} and result["train"]["bpt_lm k2"]["64"]["peak_mb"] >= 0
     assert set(result["sampling"]) == {"transformer_lm", "bpt_lm k2"}  # recomputation is training only
     assert set(result["sampling"]["bpt_lm k2"]) == {"8", "16"}

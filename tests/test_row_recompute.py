@@ -1,13 +1,16 @@
 """``recompute_rows``: a row-wise sublayer recomputed chunk by chunk in the backward gives the
 forward's output and gradients (float64), redraws the forward's dropout masks, and saves no
-inner activation."""
+inner activation; ``recompute_norms``: the same outputs and gradients, the norm's output not
+kept."""
+
+import weakref
 
 import pytest
 import torch
 from torch import nn
 
 from fairseq_plugins.modules.common import row_recompute
-from fairseq_plugins.modules.common.row_recompute import chunk_rows, recompute_rows
+from fairseq_plugins.modules.common.row_recompute import chunk_rows, recompute_norms, recompute_rows
 
 WIDTH = 24
 
@@ -91,3 +94,40 @@ def test_without_gradients_it_is_the_sublayer(small_chunks, monkeypatch):
     fn = _ffn()
     with torch.no_grad():
         torch.testing.assert_close(recompute_rows(fn, x, WIDTH), fn(x))
+
+
+class NormedProjections(nn.Module):
+    """A pre-norm layer's layer norm and three projections; ``kept`` holds weak references to
+    the storage of the norm's outputs."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.norm = nn.LayerNorm(8).double()
+        self.projections = nn.ModuleList(nn.Linear(8, 8).double() for _ in range(3))
+        self.kept = []
+
+    def forward(self, x):
+        y = self.norm(x)
+        self.kept.append(weakref.ref(y.untyped_storage()))
+        return tuple(proj(y) for proj in self.projections)
+
+
+def _run_projections(fn, x, recompute):
+    x = x.detach().requires_grad_()
+    outputs = recompute_norms(fn, x) if recompute else fn(x)
+    norm_alive = fn.kept[-1]() is not None
+    sum(o.sin().sum() for o in outputs).backward()
+    return [o.detach() for o in outputs], x.grad, [p.grad.clone() for p in fn.parameters()], norm_alive
+
+
+def test_recomputed_norms_match_and_their_outputs_are_not_kept():
+    x = torch.randn(10, 2, 8, dtype=torch.float64)
+    fn = NormedProjections()
+    outs, grad_x, grads, alive = _run_projections(fn, x, recompute=False)
+    assert alive  # kept by the projections for their weight gradients
+    fn.zero_grad()
+    outs_r, grad_x_r, grads_r, alive_r = _run_projections(fn, x, recompute=True)
+    assert not alive_r
+    for got, want in zip([*outs_r, grad_x_r, *grads_r], [*outs, grad_x, *grads]):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)

@@ -36,13 +36,14 @@ def lm_specs(ks: Sequence[int], checkpointed_ks: Sequence[int] = (),
              recomputed_ks: Sequence[int] = ()) -> Dict[str, tuple]:
     """name -> (arch, options); ``checkpointed_ks``: BPT also with ``--checkpoint-activations``
     (each layer's activations recomputed in the backward: memory for time); ``recomputed_ks``:
-    BPT also with ``--graph-recompute-ffn`` (the FFN's hidden states recomputed, chunk by
-    chunk), alone and with ``--checkpoint-activations`` (the least memory)."""
+    BPT also with ``--graph-recompute-norms-ffn`` (the layer norms and the FFN's hidden states
+    recomputed), alone and with ``--checkpoint-activations`` (the least memory)."""
     specs = {BASELINE: ("transformer_lm", ["--decoder-normalize-before"])}
     specs.update({f"bpt_lm k{k}": ("bpt_lm", ["--graph-k", str(k)]) for k in ks})
-    variants = [(checkpointed_ks, "checkpointed", ["--checkpoint-activations"]),
-                (recomputed_ks, "recompute-ffn", ["--graph-recompute-ffn"]),
-                (recomputed_ks, "checkpointed + recompute-ffn", ["--checkpoint-activations", "--graph-recompute-ffn"])]
+    checkpoint, recompute = "--checkpoint-activations", "--graph-recompute-norms-ffn"
+    variants = [(checkpointed_ks, "checkpointed", [checkpoint]),
+                (recomputed_ks, "recompute-norms-ffn", [recompute]),
+                (recomputed_ks, "checkpointed + recompute-norms-ffn", [checkpoint, recompute])]
     for variant_ks, label, options in variants:
         specs.update({f"bpt_lm k{k} {label}": ("bpt_lm", ["--graph-k", str(k), *options]) for k in variant_ks})
     return specs

@@ -20,7 +20,7 @@ from fairseq_plugins.modules.bpt.graph_transformer import GraphTransformerDecode
 
 # the graph options that mean something without an encoder
 LM_GRAPH_OPTIONS = ("graph_k", "graph_rel_clip", "graph_token_positions", "graph_attention_backend",
-                    "graph_recompute_ffn")
+                    "graph_recompute_norms_ffn")
 GraphLanguageModelConfig = config_with_options(
     "GraphLanguageModelConfig", TransformerLanguageModelConfig, GraphTransformerConfig, LM_GRAPH_OPTIONS, __name__)
 

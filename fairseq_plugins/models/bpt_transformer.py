@@ -46,9 +46,10 @@ class GraphTransformerConfig(PluginTransformerConfig):
                                             "or nodes = tokens and spans (plugin v1)"})
     graph_attention_backend: ChoiceEnum(GRAPH_ATTENTION_BACKENDS) = field(
         default="auto", metadata={"help": "graph attention implementation (see docs/cuda_ext.md)"})
-    graph_recompute_ffn: bool = field(
-        default=False, metadata={"help": "recompute the graph layers' FFN hidden states in the backward, a chunk "
-                                         "of rows at a time: less activation memory for one more FFN product"})
+    graph_recompute_norms_ffn: bool = field(
+        default=False, metadata={"help": "recompute the graph layers' layer norms and FFN hidden states in the "
+                                         "backward (the FFN a chunk of rows at a time): less activation memory "
+                                         "for one more FFN product"})
 
 
 

@@ -31,6 +31,7 @@ attention does.
 """
 
 import uuid
+from functools import partial
 from typing import Dict, Optional
 
 import torch
@@ -38,6 +39,7 @@ from torch import Tensor, nn
 
 from fairseq_plugins.graph_attention import AttentionGraph, graph_attention
 from fairseq_plugins.modules.common.heads import merge_heads, split_heads
+from fairseq_plugins.modules.common.row_recompute import recompute_norms
 
 # nodes the decoding cache holds at first (about 32 tokens); then it doubles
 INITIAL_CACHE_NODES = 64
@@ -69,15 +71,20 @@ class GraphSelfAttention(nn.Module):
 
     def forward(self, x: Tensor, graph: AttentionGraph, key_padding_mask: Optional[Tensor] = None,
                 incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
-                out_rows: Optional[int] = None, equal_rows_from: Optional[int] = None) -> Tensor:
+                out_rows: Optional[int] = None, equal_rows_from: Optional[int] = None,
+                norm: Optional[nn.Module] = None, recompute_norm: bool = False) -> Tensor:
         """x: [N, B, C] node states (with ``incremental_state``: this step's new nodes);
-        key_padding_mask: [B, N], True = absent node (full pass only).
+        key_padding_mask: [B, N], True = absent node (full pass only); ``norm``: a pre-norm
+        layer's layer norm, applied to x before the projections, its output recomputed in the
+        backward with ``recompute_norm`` (not where ``equal_rows_from`` projects fewer rows
+        than it normalises: those projections' outputs would be kept beside their repeats).
 
         Returns [out_rows or N, B, C]."""
         if not isinstance(graph, AttentionGraph):
             raise TypeError(f"graph self-attention needs an AttentionGraph, got {type(graph).__name__}")
-        q, k, v = (split_heads(project_rows(proj, x, equal_rows_from), self.num_heads)
-                   for proj in (self.q_proj, self.k_proj, self.v_proj))
+        project = partial(self._projections, norm, equal_rows_from)
+        recompute = recompute_norm and norm is not None and equal_rows_from is None
+        q, k, v = (split_heads(t, self.num_heads) for t in (recompute_norms(project, x) if recompute else project(x)))
         if incremental_state is not None:
             if key_padding_mask is not None:
                 raise ValueError("a decoding step attends over the cache: no key_padding_mask")
@@ -90,6 +97,11 @@ class GraphSelfAttention(nn.Module):
         if out_rows is not None:  # sliced time-first: its backward's zero-filled gradient is time-first too
             out = out[:out_rows]
         return self.out_proj(out)
+
+    def _projections(self, norm: Optional[nn.Module], equal_rows_from: Optional[int], x: Tensor):
+        if norm is not None:
+            x = norm(x)
+        return tuple(project_rows(proj, x, equal_rows_from) for proj in (self.q_proj, self.k_proj, self.v_proj))
 
     def _cached_keys_values(self, incremental_state, k: Tensor, v: Tensor, num_keys: int):
         """Write this step's keys/values ([B, H, new, D]) into the cache slots just before

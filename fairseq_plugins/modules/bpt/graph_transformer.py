@@ -14,7 +14,7 @@ creation order, see ``causal_step_graph``); a step runs the new token and the sp
 completes through all layers, each attending to O(k log t) cached nodes (spans: their tokens).
 The sides read their options (``graph_kind``, ``graph_k``, ``graph_rel_clip``,
 ``graph_token_positions``, ``graph_cross_attention``, ``graph_attention_backend``,
-``graph_recompute_ffn``) from the config they are built with
+``graph_recompute_norms_ffn``) from the config they are built with
 (``models/bpt_transformer.GraphTransformerConfig``).
 """
 
@@ -61,7 +61,7 @@ class GraphTransformerEncoder(TransformerEncoderBase):
 
     def build_encoder_layer(self, cfg):
         return wrap_layer(GraphEncoderLayer(cfg, self._spec.types.num_types, backend=cfg.graph_attention_backend,
-                                            recompute_ffn=cfg.graph_recompute_ffn), cfg)
+                                            recompute_norms_ffn=cfg.graph_recompute_norms_ffn), cfg)
 
     def forward(self, src_tokens, src_lengths: Optional[Tensor] = None,
                 return_all_hiddens: bool = False, token_embeddings: Optional[Tensor] = None,
@@ -119,7 +119,7 @@ class GraphTransformerDecoder(TransformerDecoderBase):
         layer = GraphDecoderLayer(cfg, self._spec.types.num_types, no_encoder_attn=no_encoder_attn,
                                   backend=cfg.graph_attention_backend,
                                   cross_attention_from=self.cross_attention_from,
-                                  recompute_ffn=cfg.graph_recompute_ffn)
+                                  recompute_norms_ffn=cfg.graph_recompute_norms_ffn)
         return wrap_layer(layer, cfg)
 
     def _embed(self, prev_output_tokens, incremental_state):

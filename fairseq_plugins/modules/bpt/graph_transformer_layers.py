@@ -13,9 +13,10 @@ self-attention still reads every node as a key, but the rows nobody reads skip t
 projection, residuals, layer norms, cross-attention and FFN. The residual connection takes
 the first rows of its shortcut for that.
 
-``recompute_ffn`` (``--graph-recompute-ffn``) recomputes the FFN's layer norm and hidden
-states in the backward, a chunk of rows at a time (``row_recompute``): about 40% less saved
-activation memory per layer for one more first FFN product per row.
+``recompute_norms_ffn`` (``--graph-recompute-norms-ffn``) recomputes the FFN's layer norm and
+hidden states in the backward, a chunk of rows at a time, and the self-attention's pre-norm
+output (``row_recompute``): about half the saved activation memory of a pre-norm layer, for
+one more first FFN product per row.
 """
 
 from functools import partial
@@ -50,21 +51,22 @@ def _feed_forward_rows(layer, ffn_layernorm, x):
 
 def _feed_forward(layer, x, ffn_layernorm=None, w_resid=None):
     """fairseq's FFN sublayer (``ffn_layernorm``/``w_resid``: the decoder's scalings), its
-    inner activations recomputed in the backward with ``layer.recompute_ffn``."""
+    inner activations recomputed in the backward with ``layer.recompute_norms_ffn``."""
     residual = x
     rows = partial(_feed_forward_rows, layer, ffn_layernorm)
-    x = recompute_rows(rows, x, layer.fc1.out_features) if layer.recompute_ffn else rows(x)
+    x = recompute_rows(rows, x, layer.fc1.out_features) if layer.recompute_norms_ffn else rows(x)
     if w_resid is not None:
         residual = torch.mul(w_resid, residual)
     return _sublayer_output(layer, x, residual, layer.final_layer_norm)
 
 
 class GraphEncoderLayer(TransformerEncoderLayerBase):
-    def __init__(self, cfg, num_edge_types: int, backend: str = "auto", recompute_ffn: bool = False):
+    def __init__(self, cfg, num_edge_types: int, backend: str = "auto",
+                 recompute_norms_ffn: bool = False):
         self._num_edge_types = num_edge_types  # read by build_self_attention in super().__init__
         self._backend = backend
         super().__init__(cfg)
-        self.recompute_ffn = recompute_ffn
+        self.recompute_norms_ffn = recompute_norms_ffn
 
     def build_self_attention(self, embed_dim, cfg):
         return GraphSelfAttention(embed_dim, cfg.encoder.attention_heads, self._num_edge_types,
@@ -78,9 +80,10 @@ class GraphEncoderLayer(TransformerEncoderLayerBase):
         ``AttentionGraph`` over the N nodes; ``equal_rows_from``: see ``GraphSelfAttention``.
         Returns [out_rows or N, B, C]."""
         residual = x
-        if self.normalize_before:
-            x = self.self_attn_layer_norm(x)
-        x = self.self_attn(x, graph, encoder_padding_mask, out_rows=out_rows, equal_rows_from=equal_rows_from)
+        x = self.self_attn(x, graph, encoder_padding_mask, out_rows=out_rows,
+                           equal_rows_from=equal_rows_from,
+                           norm=self.self_attn_layer_norm if self.normalize_before else None,
+                           recompute_norm=self.recompute_norms_ffn)
         x = _sublayer_output(self, x, residual, self.self_attn_layer_norm)
         return _feed_forward(self, x)
 
@@ -90,14 +93,14 @@ CROSS_ATTENTION_FROM = ("tokens", "nodes")
 
 class GraphDecoderLayer(TransformerDecoderLayerBase):
     def __init__(self, cfg, num_edge_types: int, no_encoder_attn: bool = False, backend: str = "auto",
-                 cross_attention_from: str = "nodes", recompute_ffn: bool = False):
+                 cross_attention_from: str = "nodes", recompute_norms_ffn: bool = False):
         if cross_attention_from not in CROSS_ATTENTION_FROM:
             raise ValueError(f"cross_attention_from {cross_attention_from!r}: choose from {CROSS_ATTENTION_FROM}")
         self._num_edge_types = num_edge_types
         self._backend = backend
         super().__init__(cfg, no_encoder_attn=no_encoder_attn)
         self.cross_attention_from = cross_attention_from
-        self.recompute_ffn = recompute_ffn
+        self.recompute_norms_ffn = recompute_norms_ffn
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         if add_bias_kv or add_zero_attn or cfg.cross_self_attention:
@@ -118,9 +121,9 @@ class GraphDecoderLayer(TransformerDecoderLayerBase):
         if graph is None:
             raise ValueError("a graph decoder layer needs the graph to attend over")
         residual = x
-        if self.normalize_before:
-            x = self.self_attn_layer_norm(x)
-        x = self.self_attn(x, graph, self_attn_padding_mask, incremental_state, out_rows, equal_rows_from)
+        x = self.self_attn(x, graph, self_attn_padding_mask, incremental_state, out_rows, equal_rows_from,
+                           norm=self.self_attn_layer_norm if self.normalize_before else None,
+                           recompute_norm=self.recompute_norms_ffn)
         if self.c_attn is not None:  # fairseq's scale_heads
             rows, bsz = x.size(0), x.size(1)
             x = torch.einsum("tbhd,h->tbhd", x.view(rows, bsz, self.nh, self.head_dim), self.c_attn)

@@ -1,4 +1,5 @@
-"""A sublayer whose inner activations are recomputed in the backward, a chunk of rows at a time.
+"""Activations recomputed in the backward instead of saved: a row-wise sublayer's, a chunk of
+rows at a time (``recompute_rows``), and layer norms' outputs (``recompute_norms``).
 
 A transformer FFN saves its widest tensors for the backward: the layer norm's output and the
 hidden states (4 d per row: a third of what a pre-norm layer saves, and more in graph layers
@@ -10,11 +11,12 @@ hidden states of one chunk are ever alive instead of every row's. Dropout masks 
 from the RNG state each chunk started with (``preserve_rng_state``), hence equal the forward's.
 """
 
+from functools import partial
 from typing import Callable
 
 import torch
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 # the widest inner tensor of one chunk, in elements (16 MB in fp32): products of at least
 # ~1,000 rows for widths up to 4,096, large enough to keep a CPU's or GPU's GEMM efficient
@@ -36,3 +38,26 @@ def recompute_rows(fn: Callable[[Tensor], Tensor], x: Tensor, width: int) -> Ten
         return fn(x)
     outputs = [checkpoint(fn, chunk, use_reentrant=False) for chunk in x.split(chunk_rows(x, width))]
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+
+
+# what ``recompute_norms`` recomputes: element-wise work over a row, cheap beside the products
+NORM_OPS = (torch.ops.aten.native_layer_norm.default,)
+
+
+def _recompute_only_norms(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    """Layer norms are recomputed, and views (a kept view would keep its base, the norm's
+    output, alive): every other op's output is kept."""
+    recompute = op in NORM_OPS or op.is_view
+    return CheckpointPolicy.PREFER_RECOMPUTE if recompute else CheckpointPolicy.MUST_SAVE
+
+
+def recompute_norms(fn: Callable[[Tensor], object], x: Tensor):
+    """``fn(x)`` whose layer norms' outputs are recomputed in the backward (torch's selective
+    checkpoint): every other op's output is kept as computed, so a layer norm feeding
+    projections costs its own rerun and saves its output (the projections' saved input). The
+    kept outputs must be what the caller keeps anyway (the projections' results): ``fn``
+    should end at them. Without gradients it is ``fn(x)``."""
+    if not torch.is_grad_enabled():
+        return fn(x)
+    return checkpoint(fn, x, use_reentrant=False,
+                      context_fn=partial(create_selective_checkpoint_contexts, _recompute_only_norms))
