@@ -7,7 +7,7 @@ import torch
 
 pytest.importorskip("fairseq")
 
-from fairseq_plugins.modules.common import row_recompute  # noqa: E402
+from fairseq_plugins.modules.common import recompute as recompute_module  # noqa: E402
 from tests import test_bpt_models, test_lm_models  # noqa: E402
 
 
@@ -83,7 +83,7 @@ def _graph_layers(model):
 @pytest.mark.parametrize("checkpointed", [False, True], ids=["alone", "with-checkpoint-activations"])
 @pytest.mark.parametrize("name", BUILDERS)
 def test_recomputed_ffn_gives_the_same_gradients(tmp_path, monkeypatch, name, checkpointed):
-    monkeypatch.setattr(row_recompute, "CHUNK_ELEMENTS", 256)  # several chunks of rows per FFN
+    monkeypatch.setattr(recompute_module, "CHUNK_ELEMENTS", 256)  # several chunks of rows per FFN
     build, inputs = BUILDERS[name]
     task, plain = build(tmp_path, [])
     extra = ["--checkpoint-activations"] if checkpointed else []

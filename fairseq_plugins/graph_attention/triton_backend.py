@@ -270,29 +270,27 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, rel_key: Optional[Tensor]
 # blocks. Targets are [B, H, N, D] in any layout (``_strides``); parts are fp32 [parts, B*H,
 # block_m, D] (log-sum-exps [parts, B*H, block_m]), as the tile kernels write them.
 
-def _merge_launch(name: str, target: Tensor, work: WorkItems):
-    """A launcher of merge kernel ``name`` for ``target``'s dtype and head dim over
-    ``work``'s split blocks, and the plan's arguments (part_index, split_nodes) and sizes
-    (num_parts, max_parts); None without split blocks."""
-    if not work.num_parts:
-        return None
+def _launch_merge(name: str, target: Tensor, work: WorkItems, *args) -> None:
+    """Merge kernel ``name`` for ``target``'s dtype and head dim, one program per (split
+    block, sentence x head) of ``work``."""
     bsz, heads, _, dim = target.shape
+    _launch(name, (work.part_index.size(0), bsz * heads), target.dtype, dim, False, *args)
 
-    def launch(*args):
-        _launch(name, (work.part_index.size(0), bsz * heads), target.dtype, dim, False, *args)
-    return launch, (work.part_index, work.split_nodes), (work.num_parts, work.part_index.size(1))
+
+def _plan_sizes(work: WorkItems) -> Tuple[int, int]:
+    """(num_parts, max_parts): the merges' sizes of ``work``."""
+    return work.num_parts, work.part_index.size(1)
 
 
 def merge_forward(out: Tensor, lse: Tensor, part_out: Tensor, part_lse: Tensor, work: WorkItems) -> None:
     """The rows of split query blocks in ``out`` (its dtype) and ``lse`` (fp32 [B*H, N]): their
     parts combined by log-sum-exp (a part without keys has lse -inf; a row without any key
     gets zeros and lse = +inf)."""
-    merge = _merge_launch("merge_forward", out, work)
-    if merge:
-        launch, plan, sizes = merge
-        bsz, heads, num_nodes, _ = out.shape
-        launch(out, lse, part_out, part_lse, *plan, *_strides(out), *sizes, num_nodes, heads,
-               bsz * heads)
+    if not work.num_parts:
+        return
+    bsz, heads, num_nodes, _ = out.shape
+    _launch_merge("merge_forward", out, work, out, lse, part_out, part_lse, work.part_index, work.split_nodes,
+                  *_strides(out), *_plan_sizes(work), num_nodes, heads, bsz * heads)
 
 
 def merge_grad_q(grad_q: Tensor, part_grad_q: Tensor, work: WorkItems, grad_rows: Tensor,
@@ -301,24 +299,24 @@ def merge_grad_q(grad_q: Tensor, part_grad_q: Tensor, work: WorkItems, grad_rows
     (``adds_rel_term``) with relative keys, their relative-key term grad_rows @ rel_key32
     (scaled per-(row, type) sums fp32 [B*H*N, T], rel_key fp32 [T, D]; pointers never read
     without relative keys), rounded once."""
-    merge = _merge_launch("merge_grad_q", grad_q, work)
-    if merge:
-        launch, plan, sizes = merge
-        bsz, heads, num_nodes, _ = grad_q.shape
-        launch(grad_q, part_grad_q, *plan, grad_rows, rel_key32, *_strides(grad_q), *sizes,
-               num_nodes, grad_rows.size(-1) if has_rel else 0, heads, bsz * heads, int(has_rel))
+    if not work.num_parts:
+        return
+    bsz, heads, num_nodes, _ = grad_q.shape
+    _launch_merge("merge_grad_q", grad_q, work, grad_q, part_grad_q, work.part_index, work.split_nodes,
+                  grad_rows, rel_key32, *_strides(grad_q), *_plan_sizes(work), num_nodes,
+                  grad_rows.size(-1) if has_rel else 0, heads, bsz * heads, int(has_rel))
 
 
 def merge_grad_kv(grad_k: Tensor, grad_v: Tensor, part_grad_k: Tensor, part_grad_v: Tensor,
                   work: WorkItems) -> None:
     """The rows of split key blocks in ``grad_k`` and ``grad_v`` (one launch): the sums of
     their parts."""
-    merge = _merge_launch("merge_grad_kv", grad_k, work)
-    if merge:
-        launch, plan, sizes = merge
-        bsz, heads, _, _ = grad_k.shape
-        launch(grad_k, grad_v, part_grad_k, part_grad_v, *plan, *_strides(grad_k),
-               *_strides(grad_v), *sizes, heads, bsz * heads)
+    if not work.num_parts:
+        return
+    bsz, heads, _, _ = grad_k.shape
+    _launch_merge("merge_grad_kv", grad_k, work, grad_k, grad_v, part_grad_k, part_grad_v, work.part_index,
+                  work.split_nodes, *_strides(grad_k), *_strides(grad_v), *_plan_sizes(work), heads,
+                  bsz * heads)
 
 
 def _rows_fp32(q: Tensor) -> Tensor:

@@ -39,7 +39,7 @@ from torch import Tensor, nn
 
 from fairseq_plugins.graph_attention import AttentionGraph, graph_attention
 from fairseq_plugins.modules.common.heads import merge_heads, split_heads
-from fairseq_plugins.modules.common.row_recompute import recompute_norms
+from fairseq_plugins.modules.common.recompute import recompute_norms
 
 # nodes the decoding cache holds at first (about 32 tokens); then it doubles
 INITIAL_CACHE_NODES = 64

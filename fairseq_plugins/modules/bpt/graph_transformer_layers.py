@@ -15,7 +15,7 @@ the first rows of its shortcut for that.
 
 ``recompute_norms_ffn`` (``--graph-recompute-norms-ffn``) recomputes the FFN's layer norm and
 hidden states in the backward, a chunk of rows at a time, and the self-attention's pre-norm
-output (``row_recompute``): about half the saved activation memory of a pre-norm layer, for
+output (``recompute``): about half the saved activation memory of a pre-norm layer, for
 one more first FFN product per row.
 """
 
@@ -25,7 +25,7 @@ import torch
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
 from fairseq_plugins.modules.bpt.graph_self_attention import GraphSelfAttention
-from fairseq_plugins.modules.common.row_recompute import recompute_rows
+from fairseq_plugins.modules.common.recompute import recompute_rows
 
 
 def first_rows_residual(x, residual):
@@ -37,6 +37,14 @@ def _sublayer_output(layer, x, residual, norm):
     """Dropout, residual and (post-norm) layer norm after a sublayer, as fairseq does."""
     x = layer.residual_connection(layer.dropout_module(x), residual)
     return x if layer.normalize_before else norm(x)
+
+
+def _self_attention(layer, x, graph, padding_mask, incremental_state, out_rows, equal_rows_from):
+    """The graph self-attention over ``x``, the layer's pre-norm (if any) applied inside it
+    (recomputed in the backward with ``layer.recompute_norms_ffn``)."""
+    return layer.self_attn(x, graph, padding_mask, incremental_state, out_rows, equal_rows_from,
+                           norm=layer.self_attn_layer_norm if layer.normalize_before else None,
+                           recompute_norm=layer.recompute_norms_ffn)
 
 
 def _feed_forward_rows(layer, ffn_layernorm, x):
@@ -80,10 +88,7 @@ class GraphEncoderLayer(TransformerEncoderLayerBase):
         ``AttentionGraph`` over the N nodes; ``equal_rows_from``: see ``GraphSelfAttention``.
         Returns [out_rows or N, B, C]."""
         residual = x
-        x = self.self_attn(x, graph, encoder_padding_mask, out_rows=out_rows,
-                           equal_rows_from=equal_rows_from,
-                           norm=self.self_attn_layer_norm if self.normalize_before else None,
-                           recompute_norm=self.recompute_norms_ffn)
+        x = _self_attention(self, x, graph, encoder_padding_mask, None, out_rows, equal_rows_from)
         x = _sublayer_output(self, x, residual, self.self_attn_layer_norm)
         return _feed_forward(self, x)
 
@@ -121,9 +126,7 @@ class GraphDecoderLayer(TransformerDecoderLayerBase):
         if graph is None:
             raise ValueError("a graph decoder layer needs the graph to attend over")
         residual = x
-        x = self.self_attn(x, graph, self_attn_padding_mask, incremental_state, out_rows, equal_rows_from,
-                           norm=self.self_attn_layer_norm if self.normalize_before else None,
-                           recompute_norm=self.recompute_norms_ffn)
+        x = _self_attention(self, x, graph, self_attn_padding_mask, incremental_state, out_rows, equal_rows_from)
         if self.c_attn is not None:  # fairseq's scale_heads
             rows, bsz = x.size(0), x.size(1)
             x = torch.einsum("tbhd,h->tbhd", x.view(rows, bsz, self.nh, self.head_dim), self.c_attn)

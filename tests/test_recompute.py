@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from fairseq_plugins.modules.common import row_recompute
-from fairseq_plugins.modules.common.row_recompute import chunk_rows, recompute_norms, recompute_rows
+from fairseq_plugins.modules.common import recompute as recompute_module
+from fairseq_plugins.modules.common.recompute import chunk_rows, recompute_norms, recompute_rows
 
 WIDTH = 24
 
@@ -31,7 +31,7 @@ def _run(fn, x, recompute):
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Chunks of 3 rows of [rows, 2, 8] inputs: several chunks, the last one shorter."""
-    monkeypatch.setattr(row_recompute, "CHUNK_ELEMENTS", 3 * 2 * WIDTH)
+    monkeypatch.setattr(recompute_module, "CHUNK_ELEMENTS", 3 * 2 * WIDTH)
 
 
 def test_chunks_hold_the_widest_tensor_within_the_budget(small_chunks):
@@ -59,7 +59,7 @@ def test_the_backward_redraws_the_forwards_dropout_masks(small_chunks, monkeypat
     fn = _ffn(dropout=0.5)
     torch.manual_seed(1)
     out_r, grad_x_r, grads_r = _run(fn, x, recompute=True)
-    monkeypatch.setattr(row_recompute, "checkpoint", lambda f, chunk, **_: f(chunk))
+    monkeypatch.setattr(recompute_module, "checkpoint", lambda f, chunk, **_: f(chunk))
     fn.zero_grad()
     torch.manual_seed(1)
     out, grad_x, grads = _run(fn, x, recompute=True)
@@ -89,7 +89,7 @@ def test_no_inner_activation_is_saved(small_chunks):
 
 
 def test_without_gradients_it_is_the_sublayer(small_chunks, monkeypatch):
-    monkeypatch.setattr(row_recompute, "checkpoint", None)  # never called
+    monkeypatch.setattr(recompute_module, "checkpoint", None)  # never called
     x = torch.randn(10, 2, 8, dtype=torch.float64)
     fn = _ffn()
     with torch.no_grad():
