@@ -180,6 +180,51 @@ def test_progress_says_how_much_is_left_and_forwards_the_steps_progress_lines(tm
     assert all(line.startswith("check_gpu 0:00:") and " left: " in line for line in said)
 
 
+def test_concurrent_steps_run_together_and_the_others_alone(tmp_path):
+    """Two concurrent steps that each wait for the other's file pass only when run at once
+    (with --jobs 1 they time out); a step that is not concurrent runs after them, alone."""
+    def waits_for(mine, other, timeout):
+        code = (f"import pathlib, time; pathlib.Path({str(tmp_path / mine)!r}).touch()\n"
+                f"while not pathlib.Path({str(tmp_path / other)!r}).exists(): time.sleep(0.05)\n"
+                f"print(sorted(p.name for p in pathlib.Path({str(tmp_path)!r}).glob('*.flag')))")
+        step = python_step(mine, code, timeout=timeout)
+        step.concurrent = True
+        return step
+
+    def alone():
+        return python_step("alone", f"import pathlib; pathlib.Path({str(tmp_path / 'z.flag')!r}).touch()")
+
+    steps = [waits_for("a.flag", "b.flag", 30), waits_for("b.flag", "a.flag", 30), alone()]
+    results = runner.run_steps(steps, tmp_path / "logs", runner.Progress(steps, lambda _: None, jobs=2), jobs=2)
+    assert [r.name for r in results] == ["a.flag", "b.flag", "alone"] and all(r.ok for r in results)
+    assert "z.flag" not in (tmp_path / "logs" / "a_flag.log").read_text()  # the third ran after them
+    for flag in tmp_path.glob("*.flag"):
+        flag.unlink()
+    steps = [waits_for("a.flag", "b.flag", 2), waits_for("b.flag", "a.flag", 2), alone()]
+    results = runner.run_steps(steps, tmp_path / "logs", runner.Progress(steps, lambda _: None), jobs=1)
+    assert results[0].timed_out and results[2].ok
+
+
+def test_a_time_limit_stops_the_running_step_and_skips_the_rest(tmp_path):
+    steps = [python_step("sleeps", "import time; time.sleep(60)"), python_step("later", "pass")]
+    start = time.time()
+    results = runner.run_steps(steps, tmp_path, runner.Progress(steps, lambda _: None), deadline=start + 2)
+    assert time.time() - start < 30 and results[0].timed_out
+    assert results[1].status == "skipped" and "time limit" in results[1].summary()
+
+
+def test_jobs_share_the_concurrent_estimates_and_step_timeout_caps_every_step(tmp_path):
+    steps = command.plan(args_for("--step-timeout", "120", "--jobs", "2"), "/cuda/bin/compute-sanitizer",
+                         "/cuda/bin/nvcc", tmp_path)
+    assert all(s.timeout_s <= 120 and s.estimate_s <= 120 for s in steps)
+    assert [s.concurrent for s in steps] == [True] * 7 + [False] * 3
+    assert command.plan(args_for(), None, "/cuda/bin/nvcc", tmp_path)[0].timeout_s == 3600
+    progress = runner.Progress(steps, lambda _: None, jobs=2)
+    assert progress.left() == pytest.approx(7 * 120 / 2 + 3 * 120, abs=2)
+    with pytest.raises(SystemExit):
+        command.main(["--jobs", "0"])
+
+
 # ---------------------------------------------------------------------------- the report
 
 def test_report_on_made_up_results(tmp_path):

@@ -33,13 +33,14 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
 from fairseq_plugins.check_gpu.lm_update import markdown as lm_markdown
 from fairseq_plugins.check_gpu.model_update import markdown as update_markdown
 from fairseq_plugins.check_gpu.op_benchmark import markdown as benchmark_markdown
-from fairseq_plugins.check_gpu.runner import Progress, Step, StepResult, python_env, run_step
+from fairseq_plugins.check_gpu.runner import Progress, Step, StepResult, python_env, run_steps
 
 PACKAGE = Path(__file__).resolve().parents[1]  # the fairseq_plugins this command belongs to
 NO_GPU_EXIT = 2
@@ -79,7 +80,7 @@ def find_nvcc() -> Optional[str]:
 
 
 def pytest_command(module: str, *extra: str) -> List[str]:
-    return [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "--pyargs",
+    return [sys.executable, "-m", "pytest", "-v", "-rs", "-p", "no:cacheprovider", "--pyargs",
             f"fairseq_plugins.check_gpu.gpu_tests.{module}", *extra]
 
 
@@ -96,7 +97,7 @@ def plan(args, sanitizer: Optional[str], nvcc: Optional[str], log_dir: Path) -> 
         env = {**base_env, "FAIRSEQ_PLUGINS_CHECK_BACKEND": backend or ""}
         skip = no_nvcc if group == "cuda" and nvcc is None else ""
         steps.append(Step(f"tests: {group}", None if skip else pytest_command(module), timeout,
-                          estimate, env, skip))
+                          estimate, env, skip, concurrent=True))
     for group in (g for g in SANITIZED if g in args.groups):
         module, backend, _, _ = TEST_GROUPS[group]
         skip = ("compute-sanitizer not found (CUDA toolkit)" if sanitizer is None else
@@ -107,11 +108,11 @@ def plan(args, sanitizer: Optional[str], nvcc: Optional[str], log_dir: Path) -> 
         env = {**base_env, "FAIRSEQ_PLUGINS_CHECK_BACKEND": backend,
                "FAIRSEQ_PLUGINS_CHECK_SIZE": "small", "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
         steps.append(Step(f"compute-sanitizer memcheck: {group}", None if skip else command,
-                          SANITIZER_TIMEOUT_S, SANITIZER_ESTIMATE_S, env, skip))
+                          SANITIZER_TIMEOUT_S, SANITIZER_ESTIMATE_S, env, skip, concurrent=True))
     if args.benchmark == "none":
         for name in BENCHMARK_STEPS:
             steps.append(Step(name, None, 0, 0, skip_reason="--benchmark none"))
-        return steps
+        return cap_timeouts(steps, args.step_timeout)
     op_options, update_options, lm_options, estimate, timeout = BENCHMARKS[args.benchmark]
     backends = ["sdpa", "flex", "torch", "triton"] + (["cuda"] if nvcc else [])
     op = [sys.executable, "-m", "fairseq_plugins.check_gpu.op_benchmark", "--out",
@@ -125,6 +126,14 @@ def plan(args, sanitizer: Optional[str], nvcc: Optional[str], log_dir: Path) -> 
     lm = [sys.executable, "-m", "fairseq_plugins.check_gpu.lm_update", "--out", str(log_dir / "lm_update.json"),
           "--device", args.device, *lm_options, *args.lm_option]
     steps.append(Step("language-model update", lm, timeout / 4, estimate / 4, base_env))
+    return cap_timeouts(steps, args.step_timeout)
+
+
+def cap_timeouts(steps: List[Step], limit: Optional[float]) -> List[Step]:
+    """Every step's timeout at most ``limit`` seconds (None: as planned), its estimate too."""
+    if limit is not None:
+        for step in steps:
+            step.timeout_s, step.estimate_s = min(step.timeout_s, limit), min(step.estimate_s, limit)
     return steps
 
 
@@ -268,13 +277,26 @@ def parser() -> argparse.ArgumentParser:
                    help="passed on to the model update")
     p.add_argument("--lm-option", action="append", default=[], metavar="OPTION",
                    help="passed on to the language-model update")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="run up to N of the test and compute-sanitizer steps at once (they take "
+                        "no timings; the benchmark steps always run alone, after them)")
+    p.add_argument("--step-timeout", type=float, metavar="SECONDS",
+                   help="at most this long for each step (default: each step's own timeout, up "
+                        "to 2 hours): a step stopped by it is reported as timed out")
+    p.add_argument("--time-limit", type=float, metavar="SECONDS",
+                   help="the whole check within this: a step running then is stopped, the steps "
+                        "not started are skipped, and the report is written")
     p.add_argument("--device", default="cuda",
                    help="cuda (default), or cpu: the same steps on the CPU, to test this command")
     return p
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    if args.jobs < 1 or any(limit is not None and limit <= 0 for limit in (args.step_timeout, args.time_limit)):
+        p.error("--jobs, --step-timeout and --time-limit must be positive")
+    start = time.time()
     import torch
 
     if args.device != "cpu" and not torch.cuda.is_available():
@@ -290,12 +312,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     log_dir = out_dir / f"{stem}_logs"
     steps = plan(args, find_sanitizer(), find_nvcc(), log_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    progress = Progress(steps)
+    progress = Progress(steps, jobs=args.jobs)
     print(f"check_gpu: {len(steps)} steps; report and logs in {out_dir}", flush=True)
-    results = []
-    for index, step in enumerate(steps):
-        progress.begin(index)
-        results.append(run_step(step, log_dir, progress, cwd=log_dir))
+    deadline = start + args.time_limit if args.time_limit else None
+    results = run_steps(steps, log_dir, progress, args.jobs, cwd=log_dir, deadline=deadline)
     benchmark = _read_json(log_dir / "op_benchmark.json")
     update = _read_json(log_dir / "model_update.json")
     lm = _read_json(log_dir / "lm_update.json")

@@ -14,7 +14,8 @@ import signal
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
@@ -33,6 +34,7 @@ class Step:
     estimate_s: float  # for the time-left estimate
     env: Dict[str, Optional[str]] = field(default_factory=dict)  # None: removed
     skip_reason: str = ""
+    concurrent: bool = False  # takes no timings: may run beside other such steps (--jobs)
 
     @property
     def log_name(self) -> str:
@@ -75,28 +77,75 @@ def format_duration(seconds: float) -> str:
 
 
 class Progress:
-    """Prints where the check is and about how long is left (the remaining steps' estimates,
-    less the time the current one has run)."""
+    """Prints where the check is and about how long is left: the estimates of the steps not
+    yet finished, less the time the running ones have run, the concurrent steps' shared among
+    ``jobs`` processes."""
 
-    def __init__(self, steps: List[Step], out: Callable[[str], None] = print):
-        self.steps, self.out, self.start = steps, out, time.time()
-        self.index, self.step_start = 0, self.start
+    def __init__(self, steps: List[Step], out: Callable[[str], None] = print, jobs: int = 1):
+        self.steps, self.out, self.jobs, self.start = steps, out, jobs, time.time()
+        self.started: Dict[int, float] = {}
+        self.finished: set = set()
+        self._lock = threading.Lock()
 
     def left(self) -> float:
-        current = self.steps[self.index]
-        running = max(0.0, current.estimate_s - (time.time() - self.step_start))
-        return running + sum(s.estimate_s for s in self.steps[self.index + 1:] if s.command)
+        now, concurrent, serial = time.time(), 0.0, 0.0
+        for index, step in enumerate(self.steps):
+            if index in self.finished or step.command is None:
+                continue
+            remaining = max(0.0, step.estimate_s - (now - self.started.get(index, now)))
+            if step.concurrent:
+                concurrent += remaining
+            else:
+                serial += remaining
+        return concurrent / self.jobs + serial
 
-    def begin(self, index: int) -> None:
-        self.index, self.step_start = index, time.time()
-        step = self.steps[index]
+    def begin(self, index: int, step: Optional[Step] = None) -> None:
+        """Step ``index`` starts (``step``: as it runs, when its timeout was shortened)."""
+        self.started[index] = time.time()
+        step = step or self.steps[index]
         what = (f"skipped: {step.skip_reason}" if step.command is None else
                 f"running (timeout {format_duration(step.timeout_s)})")
         self.say(f"[{index + 1}/{len(self.steps)}] {step.name}: {what}")
 
+    def end(self, index: int) -> None:
+        self.finished.add(index)
+
     def say(self, message: str) -> None:
-        self.out(f"check_gpu {format_duration(time.time() - self.start)} elapsed, about "
-                 f"{format_duration(self.left())} left: {message}")
+        with self._lock:  # concurrent steps' readers print from their own threads
+            self.out(f"check_gpu {format_duration(time.time() - self.start)} elapsed, about "
+                     f"{format_duration(self.left())} left: {message}")
+
+
+def run_steps(steps: List[Step], log_dir: Path, progress: Progress, jobs: int = 1,
+              cwd: Optional[Path] = None, deadline: Optional[float] = None) -> List[StepResult]:
+    """Every step, in order: runs of ``concurrent`` steps up to ``jobs`` at a time, every
+    other step alone (its timings undisturbed). With a ``deadline`` (``time.time()``), a step
+    is stopped at it and one not started by then is skipped. Results in the steps' order."""
+    results: List[Optional[StepResult]] = [None] * len(steps)
+
+    def one(index: int) -> None:
+        step = steps[index]
+        if deadline is not None and step.command is not None:
+            left = deadline - time.time()
+            step = (replace(step, timeout_s=min(step.timeout_s, left)) if left >= 1 else
+                    replace(step, command=None, skip_reason="not started: the time limit was reached"))
+        progress.begin(index, step)
+        results[index] = run_step(step, log_dir, progress, cwd)
+        progress.end(index)
+
+    index = 0
+    while index < len(steps):
+        batch = [index]
+        while steps[index].concurrent and batch[-1] + 1 < len(steps) and steps[batch[-1] + 1].concurrent:
+            batch.append(batch[-1] + 1)
+        if len(batch) == 1 or jobs == 1:
+            for i in batch:
+                one(i)
+        else:
+            with ThreadPoolExecutor(max_workers=jobs) as pool:
+                list(pool.map(one, batch))
+        index = batch[-1] + 1
+    return results
 
 
 def run_step(step: Step, log_dir: Path, progress: Optional[Progress] = None,
