@@ -455,9 +455,11 @@ FIXES = (
         why=(
             "fairseq composes its config with hydra 1.0's API (hydra.experimental, compose(strict=), "
             "no version_base, a '# @package _group_' header); hydra 1.3 prints five deprecation "
-            "warnings on every command, and fairseq-hydra-train's @hydra.main one more. Use the stable "
-            "API with version_base 1.1 (the behaviour hydra assumed) and unset struct mode as "
-            "strict=False did: the same config, no warnings."
+            "warnings on every command, and fairseq-hydra-train's @hydra.main one more; hydra >= 1.3.5 "
+            "also warns on version_base 1.1, whose behaviour hydra 1.4 removes. Use the stable API with "
+            "version_base 1.3, keep the one 1.1 behaviour fairseq's configs rely on (fairseq-hydra-train "
+            "runs in hydra.run.dir: hydra.job.chdir=True unless the command line sets it) and unset "
+            "struct mode as strict=False did: the same config, no warnings."
         ),
         edits=(
             TextEdit(
@@ -470,7 +472,7 @@ FIXES = (
                 "    with initialize(config_path=config_path):\n"
                 "        try:\n"
                 '            composed_cfg = compose("config", overrides=overrides, strict=False)\n',
-                "    with initialize(config_path=config_path, version_base=\"1.1\"):\n"
+                "    with initialize(config_path=config_path, version_base=\"1.3\"):\n"
                 "        try:\n"
                 '            composed_cfg = compose("config", overrides=overrides)\n'
                 "            OmegaConf.set_struct(composed_cfg, False)  # fairseq_plugins: was strict=False\n",
@@ -480,7 +482,18 @@ FIXES = (
                 "fairseq_cli/hydra_train.py",
                 '@hydra.main(config_path=os.path.join("..", "fairseq", "config"), config_name="config")\n',
                 '@hydra.main(config_path=os.path.join("..", "fairseq", "config"), config_name="config", '
-                'version_base="1.1")\n',
+                'version_base="1.3")\n',
+            ),
+            TextEdit("fairseq_cli/hydra_train.py", "import logging\nimport os\n\n",
+                     "import logging\nimport os\nimport sys\n\n"),
+            TextEdit(
+                "fairseq_cli/hydra_train.py",
+                "    hydra_init(cfg_name)\n    hydra_main()\n",
+                "    hydra_init(cfg_name)\n"
+                '    if not any(arg.lstrip("+").startswith("hydra.job.chdir=") for arg in sys.argv[1:]):\n'
+                "        # fairseq_plugins: hydra 1.1's default, which fairseq's configs assume\n"
+                '        sys.argv.append("hydra.job.chdir=True")\n'
+                "    hydra_main()\n",
             ),
         ),
     ),
