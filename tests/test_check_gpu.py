@@ -352,10 +352,10 @@ def test_the_dropout_check_fails_a_wrong_mask(broken_backends, backend, dtype, m
 
 def test_the_dropout_check_passes_the_triton_kernels_under_the_interpreter():
     pytest.importorskip("triton")
-    from fairseq_plugins.graph_attention import triton_backend
+    from tests.triton_interpreter import skip_reason
 
-    if not triton_backend.interpreted():
-        pytest.skip("needs TRITON_INTERPRET=1 (set by conftest without a GPU)")
+    if skip_reason():
+        pytest.skip(skip_reason())
     build, lengths = TILED_GRAPHS["bpt-k2-n17"]
     kernel_checks.check_dropout("triton", build(), lengths, torch.float32, 32, "cpu")
 

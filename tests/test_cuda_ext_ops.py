@@ -10,6 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fairseq_plugins.graph_attention import cuda_backend
 from fairseq_plugins.graphs.binary_partition import bpt_graph, node_present
+from tests.compile_support import needs_traceable_op
 from tests.cuda_ext_emulation import load_emulation
 from tests.cuda_ext_reference import check_dropout, run
 
@@ -168,6 +169,7 @@ def test_dropout_without_its_seed_tensor_is_refused(emulation):
         cuda_backend.forward_op(q, k, v, rel, kpm, *_plan_args(), 0.25, 0.1, torch.zeros(2, dtype=torch.int32))
 
 
+@needs_traceable_op
 def test_a_compiled_bpt_layer_on_the_kernels_matches_eager(emulation, monkeypatch):
     """A BPT encoder layer whose attention is the CUDA backend's glue and ops (under another
     name: ``cuda`` itself refuses CPU tensors), compiled without a graph break."""

@@ -93,9 +93,10 @@ def test_flex_forward_under_cpu_autocast():
 
 def test_triton_kernels_under_cpu_autocast():
     pytest.importorskip("triton")
-    from fairseq_plugins.graph_attention import triton_backend
-    if not triton_backend.interpreted():
-        pytest.skip("needs TRITON_INTERPRET=1 (set by conftest without a GPU)")
+    from tests.triton_interpreter import skip_reason
+
+    if skip_reason():
+        pytest.skip(skip_reason())
     check_under_autocast("triton", bpt_graph(20, 2), [20, 9], torch.bfloat16)
 
 

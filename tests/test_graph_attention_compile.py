@@ -12,6 +12,7 @@ from fairseq.models.transformer import TransformerConfig
 from fairseq_plugins.graph_attention import cpu_backend, graph_attention
 from fairseq_plugins.graphs.binary_partition import bpt_graph, node_present
 from fairseq_plugins.modules.bpt.graph_transformer_layers import GraphEncoderLayer
+from tests.compile_support import needs_traceable_op
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -47,7 +48,7 @@ def _run(fn, layer, x, absent, grad, seed=1):
     return out.detach(), x.grad, grads
 
 
-def assert_compiled_layer_matches_eager(layer, graph, tokens: int, width: int) -> None:
+def assert_compiled_layer_matches_eager(layer, graph, tokens: int, width: int, fullgraph: bool = True) -> None:
     """``torch.compile(fullgraph=True)`` of a graph layer over a padded batch of two equals
     eager mode: its output, the input's gradient and every parameter's (rel_key's included)."""
     absent = ~node_present(torch.tensor([tokens, tokens // 2]), tokens)
@@ -57,7 +58,7 @@ def assert_compiled_layer_matches_eager(layer, graph, tokens: int, width: int) -
 
     def step(x, absent):
         return layer(x, absent, graph)
-    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    compiled = torch.compile(step, fullgraph=fullgraph, backend="aot_eager")
     eager_out, eager_dx, eager_grads = _run(step, layer, x, absent, grad)
     out, dx, grads = _run(compiled, layer, x, absent, grad)
     torch.testing.assert_close(out, eager_out, rtol=1e-5, atol=1e-5)
@@ -69,6 +70,7 @@ def assert_compiled_layer_matches_eager(layer, graph, tokens: int, width: int) -
 
 # tokens -> path of the torch backend: 10 tokens are dense, 70 a tree graph (the CSR path
 # when compiled; the tree path in eager mode)
+@needs_traceable_op
 @pytest.mark.parametrize("tokens", [10, 70])
 @pytest.mark.parametrize("backend", ["torch", "cpu"])
 def test_a_compiled_bpt_layer_matches_eager_forward_and_gradients(backend, tokens):
@@ -78,6 +80,7 @@ def test_a_compiled_bpt_layer_matches_eager_forward_and_gradients(backend, token
     assert_compiled_layer_matches_eager(layer, graph, tokens, 32)
 
 
+@needs_traceable_op
 def test_the_cpu_kernels_dropout_compiles_and_draws_from_torchs_generator():
     """The seed is a tensor drawn in the graph: torch.manual_seed reproduces a compiled
     call's mask, a new call draws a new one, and eager gives the same as compiled."""
@@ -119,3 +122,19 @@ def test_the_kernel_ops_have_fake_implementations():
                            torch.randn(graph.num_nodes, 4, 16, requires_grad=True),
                            torch.randn(graph.num_edge_types, 16, requires_grad=True), None,
                            indptr, indices, types, 2, 0.25, 0.0, torch.zeros((), dtype=torch.int64)))
+
+
+def test_before_the_traceable_torch_the_op_runs_outside_the_compiled_graph(monkeypatch):
+    """Where torch cannot trace the op (2.11: a Dynamo error in every compiled model), it breaks
+    the graph instead: a compiled layer still equals eager, and fullgraph=True names why not."""
+    from fairseq_plugins.graph_attention import registry
+
+    monkeypatch.setattr(registry, "TRACEABLE_FROM", (99, 0))
+    torch._dynamo.reset()
+    graph = bpt_graph(10, 2)
+    layer = _layer("torch", graph.num_edge_types)
+    assert_compiled_layer_matches_eager(layer, graph, 10, 32, fullgraph=False)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="traces graph_attention from torch 99.0 on"):
+        assert_compiled_layer_matches_eager(layer, graph, 10, 32)
+    torch._dynamo.reset()

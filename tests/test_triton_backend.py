@@ -22,8 +22,9 @@ from fairseq_plugins.graphs.binary_partition import (  # noqa: E402
 )
 from fairseq_plugins.check_gpu.cases import TILED_GRAPHS, random_tree_graph  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not triton_backend.interpreted(),
-                                reason="needs TRITON_INTERPRET=1 (set by conftest without a GPU)")
+from tests.triton_interpreter import skip_reason  # noqa: E402
+
+pytestmark = pytest.mark.skipif(bool(skip_reason()), reason=skip_reason())
 
 # max |error| / max(max |reference|, 1) per dtype; inputs are rounded to the dtype first
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}

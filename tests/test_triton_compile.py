@@ -11,6 +11,7 @@ ptxas (or ``TRITON_PTXAS_PATH``).
 """
 
 import pytest
+import torch
 
 pytest.importorskip("triton")
 from fairseq_plugins.graph_attention import triton_aot  # noqa: E402
@@ -51,3 +52,22 @@ def test_an_oversized_configuration_fails_the_checks(reports):
     oversized = reports[-1]
     assert oversized.configuration == OVERSIZED
     assert oversized.spill_stores > 0 and oversized.problems()
+
+
+def test_an_interpreter_that_cannot_run_the_kernels_is_named_and_refused(monkeypatch):
+    """Triton < 3.7's interpreter with numpy >= 2.4 fails on the kernels' loaded loop bounds:
+    the backend refuses under it with the reason (the tests skip with it), and only then."""
+    from fairseq_plugins.graph_attention import triton_backend
+    from fairseq_plugins.graphs.binary_partition import bpt_graph
+
+    problem = triton_backend.interpreter_problem
+    assert "numpy 2.5.5" in problem("3.6.0", "2.5.5") and "Triton 3.6.0" in problem("3.6.0", "2.5.5")
+    assert problem("3.7.1", "2.5.5") is None and problem("3.6.0", "2.3.5") is None
+    assert problem("3.6.0+git1234", "2.4.0rc1") is not None
+    graph = bpt_graph(8, 1)
+    query = torch.zeros(1, 1, graph.num_nodes, 32)
+    monkeypatch.setattr(triton_backend, "interpreted", lambda: True)
+    monkeypatch.setattr(triton_backend, "interpreter_problem", lambda: "the reason")
+    assert triton_backend.refuses(query, graph) == "the reason"
+    monkeypatch.setattr(triton_backend, "interpreter_problem", lambda: None)
+    assert triton_backend.refuses(query, graph) is None

@@ -16,8 +16,9 @@ pytest.importorskip("triton")
 from fairseq_plugins.graph_attention import tile_plan, triton_backend  # noqa: E402
 from fairseq_plugins.graphs.binary_partition import bpt_graph  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not triton_backend.interpreted(),
-                                reason="needs TRITON_INTERPRET=1 (set by conftest without a GPU)")
+from tests.triton_interpreter import skip_reason  # noqa: E402
+
+pytestmark = pytest.mark.skipif(bool(skip_reason()), reason=skip_reason())
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 BSZ, HEADS, DIM = 2, 2, 32

@@ -15,13 +15,15 @@ pytest.importorskip("triton")
 from fairseq_plugins.graph_attention import graph_attention, tile_plan, triton_backend  # noqa: E402
 from fairseq_plugins.graphs.binary_partition import bpt_graph, node_present  # noqa: E402
 from fairseq_plugins.modules.bpt.graph_transformer_layers import GraphEncoderLayer  # noqa: E402
+from tests.compile_support import needs_traceable_op  # noqa: E402
 from tests.test_graph_attention_compile import assert_compiled_layer_matches_eager  # noqa: E402
 from tests.test_triton_backend import (  # noqa: E402
     assert_close, dense_reference, inputs, keep_mask,
 )
 
-pytestmark = pytest.mark.skipif(not triton_backend.interpreted(),
-                                reason="needs TRITON_INTERPRET=1 (set by conftest without a GPU)")
+from tests.triton_interpreter import skip_reason  # noqa: E402
+
+pytestmark = pytest.mark.skipif(bool(skip_reason()), reason=skip_reason())
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -110,6 +112,7 @@ def _bpt_layer(num_edge_types):
     return GraphEncoderLayer(cfg, num_edge_types, backend="triton")
 
 
+@needs_traceable_op
 def test_a_compiled_bpt_layer_matches_eager_forward_and_gradients():
     tokens = 20
     graph = bpt_graph(tokens, 2)
@@ -132,6 +135,7 @@ def _attend(graph, mask):
     return attend
 
 
+@needs_traceable_op
 def test_compiled_dropout_draws_a_new_mask_per_call_and_regenerates_it_in_the_backward():
     """Compiled as in eager: the seed is the first draw of torch's generator (the mask the
     kernels hash from it, rebuilt in torch, gives the float64 reference, forward and every

@@ -15,10 +15,23 @@ import functools
 import torch
 
 
+# Whether a device type has autocast, asked of torch once per type: ``torch.amp.is_autocast_available``
+# is a C function that ``torch.compile`` could not trace before torch 2.13 (a graph break inside
+# every BPT layer), while a lookup in this dict traces. The usual types are asked at import.
+_HAS_AUTOCAST = {kind: torch.amp.is_autocast_available(kind) for kind in ("cpu", "cuda", "meta", "xpu", "mps")}
+
+
+def has_autocast(kind: str) -> bool:
+    """Whether device type ``kind`` has autocast (meta has none)."""
+    if kind not in _HAS_AUTOCAST:
+        _HAS_AUTOCAST[kind] = torch.amp.is_autocast_available(kind)
+    return _HAS_AUTOCAST[kind]
+
+
 def autocast_dtype(device: torch.device):
     """Autocast's dtype on ``device`` where autocast is on there, else None."""
     kind = device.type
-    if torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
+    if has_autocast(kind) and torch.is_autocast_enabled(kind):
         return torch.get_autocast_dtype(kind)
     return None
 
@@ -33,7 +46,7 @@ def autocast_inputs(*tensors: torch.Tensor):
 
 def autocast_off(device: torch.device):
     """A context with autocast off on ``device`` (nothing to do where it has none, e.g. meta)."""
-    if torch.amp.is_autocast_available(device.type):
+    if has_autocast(device.type):
         return torch.autocast(device.type, enabled=False)
     return contextlib.nullcontext()
 

@@ -30,6 +30,7 @@ that passes is used, else the torch backend.
 import functools
 import importlib
 import os
+import re
 import warnings
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Tuple
@@ -144,6 +145,18 @@ def get_backend(name: str) -> Backend:
     raise ValueError(f"graph attention backend {name!r} is not registered (available: {sorted(_BACKENDS)})")
 
 
+def release(version: str) -> Tuple[int, ...]:
+    """(major, minor) of a version string such as ``2.11.0+cu130``."""
+    return tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0])[:2])
+
+
+# The first torch whose torch.compile passes the graph (a frozen dataclass) to
+# ``resolve_backend``: 2.11's Dynamo fails on it ("can't reconstruct arbitrary frozen dataclass
+# instances") in every compiled model, 2.13's traces it. Before it the op runs outside the
+# compiled graph (a graph break); fullgraph=True is refused with this reason.
+TRACEABLE_FROM = (2, 13)
+
+
 def graph_attention(
     query, key, value, graph: AttentionGraph, rel_key=None, key_padding_mask=None,
     dropout_p: float = 0.0, scale: Optional[float] = None, backend: str = "auto",
@@ -167,6 +180,9 @@ def graph_attention(
         ``CPU_AUTO_PREFERENCE``, else "torch".
     Returns [B, H, N, D].
     """
+    if torch.compiler.is_compiling() and release(torch.__version__) < TRACEABLE_FROM:
+        raise RuntimeError(f"torch.compile traces graph_attention from torch {'.'.join(map(str, TRACEABLE_FROM))} "
+                           f"on; with torch {torch.__version__} it runs outside the compiled graph")
     query, key, value = autocast_inputs(query, key, value)
     _check_inputs(query, key, value, graph, rel_key, key_padding_mask, dropout_p)
     if scale is None:

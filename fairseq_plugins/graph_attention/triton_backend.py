@@ -37,7 +37,7 @@ from torch import Tensor
 
 from fairseq_plugins.graph_attention import triton_kernels  # ImportError without Triton
 from fairseq_plugins.graph_attention.precision import autocast_off
-from fairseq_plugins.graph_attention.registry import register_backend
+from fairseq_plugins.graph_attention.registry import register_backend, release
 from fairseq_plugins.graph_attention.tile_plan import TilePlan, WorkItems, plan_on
 from fairseq_plugins.graphs.attention_graph import AttentionGraph
 
@@ -120,6 +120,21 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def interpreter_problem(triton_version: Optional[str] = None, numpy_version: Optional[str] = None):
+    """Why Triton's interpreter cannot run these kernels in this environment (None: it can):
+    before Triton 3.7 it turns a loop bound loaded from memory into an int with
+    ``int(array)`` of a one-element array, which numpy 2.4 refuses (the compiled kernels are
+    not affected)."""
+    import numpy
+    import triton
+
+    triton_version, numpy_version = triton_version or triton.__version__, numpy_version or numpy.__version__
+    if release(triton_version) < (3, 7) and release(numpy_version) >= (2, 4):
+        return (f"Triton {triton_version}'s interpreter cannot run these kernels with numpy {numpy_version} "
+                f"(a loop bound loaded from memory; fixed in Triton 3.7): use numpy < 2.4 to run them on the CPU")
+    return None
+
+
 def refuses(query: torch.Tensor, graph: AttentionGraph, dropout_p: float = 0.0):
     """Why the kernels cannot run these inputs (None: they can): CUDA tensors (any device
     under the interpreter) of a dtype and head dim in ``CONFIGS``, at most
@@ -127,6 +142,8 @@ def refuses(query: torch.Tensor, graph: AttentionGraph, dropout_p: float = 0.0):
     ``MAX_DROPOUT_NODES`` nodes."""
     if not (query.is_cuda or interpreted()):
         return f"CUDA tensors only (any device with TRITON_INTERPRET=1), got {query.device}"
+    if interpreted() and interpreter_problem():
+        return interpreter_problem()
     if query.dtype not in GPU_DTYPES or query.size(-1) not in HEAD_DIMS:
         return f"dtypes {GPU_DTYPES} and head dims {HEAD_DIMS}, got {query.dtype} / {query.size(-1)}"
     if query.size(0) * query.size(1) > MAX_BATCH_HEADS:
