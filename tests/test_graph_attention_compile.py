@@ -49,7 +49,7 @@ def _run(fn, layer, x, absent, grad, seed=1):
 
 
 def assert_compiled_layer_matches_eager(layer, graph, tokens: int, width: int, fullgraph: bool = True) -> None:
-    """``torch.compile(fullgraph=True)`` of a graph layer over a padded batch of two equals
+    """``torch.compile`` (``fullgraph`` by default) of a graph layer over a padded batch of two equals
     eager mode: its output, the input's gradient and every parameter's (rel_key's included)."""
     absent = ~node_present(torch.tensor([tokens, tokens // 2]), tokens)
     gen = torch.Generator().manual_seed(2)

@@ -28,6 +28,7 @@ run under ``TRITON_INTERPRET=1`` (the tests).
 """
 
 import contextlib
+import functools
 import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
@@ -120,6 +121,7 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+@functools.lru_cache(maxsize=None)
 def interpreter_problem(triton_version: Optional[str] = None, numpy_version: Optional[str] = None):
     """Why Triton's interpreter cannot run these kernels in this environment (None: it can):
     before Triton 3.7 it turns a loop bound loaded from memory into an int with
@@ -142,8 +144,9 @@ def refuses(query: torch.Tensor, graph: AttentionGraph, dropout_p: float = 0.0):
     ``MAX_DROPOUT_NODES`` nodes."""
     if not (query.is_cuda or interpreted()):
         return f"CUDA tensors only (any device with TRITON_INTERPRET=1), got {query.device}"
-    if interpreted() and interpreter_problem():
-        return interpreter_problem()
+    problem = interpreted() and interpreter_problem()
+    if problem:
+        return problem
     if query.dtype not in GPU_DTYPES or query.size(-1) not in HEAD_DIMS:
         return f"dtypes {GPU_DTYPES} and head dims {HEAD_DIMS}, got {query.dtype} / {query.size(-1)}"
     if query.size(0) * query.size(1) > MAX_BATCH_HEADS:
