@@ -1,0 +1,63 @@
+"""Every table row's resolved experiment, normalised, for the golden-resolution test.
+
+    python -m tests.tables_golden --write    # rewrite tests/fixtures/tables/resolved.json
+
+What a row resolves to: the fairseq-train flags at the paper's GPU count, the run it trains in,
+its seeds, and the flags of its evaluation (fairseq-generate for translation, fairseq-eval-lm for
+language models, the in-process scorer's options for classifiers and taggers), with the
+checkpoint averaging and the sacrebleu tokenizer. Flags are kept as a sorted mapping, so an
+equivalent reordering of a config is not a change; any value that changes is.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+from fairseq_plugins.recipes.config import USER_DIR, all_configs, generate_flags, run_key, seed_configs, train_flags
+from fairseq_plugins.recipes.evaluate_lm import eval_lm_flags
+
+GOLDEN = Path(__file__).parent / "fixtures" / "tables" / "resolved.json"
+
+
+def flag_map(flags):
+    """['--a', '1', '--b', '--c', 'x y'] -> {'--a': '1', '--b': True, '--c': 'x y'}, user dir normalised."""
+    out, key = {}, None
+    for token in flags:
+        if token.startswith("--"):
+            key = token
+            out[key] = True
+        elif key is not None:
+            out[key] = "<user-dir>" if token == str(USER_DIR) else token
+            key = None
+        else:
+            raise ValueError(f"value {token!r} without a flag in {flags}")
+    return dict(sorted(out.items()))
+
+
+def evaluation(cfg):
+    task = cfg["task"].get("task")
+    if task == "language_modeling":
+        return {"fairseq-eval-lm": flag_map(eval_lm_flags(cfg, cfg["evaluate"].get("subset", "test")))}
+    if task in ("sentence_prediction", "sequence_tagging"):
+        return {"scorer": dict(sorted(cfg["evaluate"].items()))}
+    return {"fairseq-generate": flag_map(generate_flags(cfg)), "sacrebleu_tokenize": cfg.get("sacrebleu_tokenize")}
+
+
+def resolve_all():
+    rows = {}
+    for cfg in all_configs():
+        runs = seed_configs(cfg)
+        rows[f"{cfg['table']} | {cfg['row']} | {cfg['column']}"] = {
+            "data": cfg["data"], "gpus": cfg["gpus"], "reported": cfg["reported"],
+            "train": flag_map(train_flags(runs[-1], cfg["gpus"])),
+            "runs": [run_key(run) for run in runs],
+            "average_last": cfg["average_last"], "evaluate": evaluation(cfg),
+        }
+    return dict(sorted(rows.items()))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--write"]:
+        sys.exit("usage: python -m tests.tables_golden --write")
+    GOLDEN.write_text(json.dumps(resolve_all(), indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    print(f"wrote {GOLDEN}")
