@@ -32,7 +32,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ..resources import resource_dir, user_dir
-from .table_schema import PAPERS, SECTIONS, SETTINGS, BaseFile, TableFile
+from .table_schema import PAPERS, SECTIONS, SETTINGS, BaseFile, Row, TableFile
 
 CONFIG_DIR = resource_dir("configs")
 USER_DIR = user_dir()
@@ -57,27 +57,34 @@ def table_files() -> List[Path]:
     return sorted(p for p in CONFIG_DIR.glob("*/*.yaml") if p.parent.name not in NOT_TABLES)
 
 
-def _read(path: Path, schema, where: str):
-    """One YAML file checked against its schema: (the file's data as plain containers)."""
+def _checked(raw: Dict[str, Any], schema, where: str) -> Dict[str, Any]:
+    """``raw`` against a structured config: plain containers, or one line naming the key."""
+    try:
+        return OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(schema), raw), throw_on_missing=True)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", "") or "?"
+        raise ConfigError(f"{where}: key {key}: {str(err).splitlines()[0]}") from err
+
+
+def _read(path: Path, schema, where: str) -> Dict[str, Any]:
+    """One YAML file checked against its schema; a table's rows each on their own, so that an error
+    names the row."""
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as err:
         raise ConfigError(f"{where}: cannot read: {err}") from err
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a mapping at the top level")
-    try:
-        checked = OmegaConf.merge(OmegaConf.structured(schema), raw)
-    except OmegaConfBaseException as err:
-        key = getattr(err, "full_key", "") or "?"
-        rows = raw.get("rows")
-        match = re.match(r"rows\[(\d+)\]", key)
-        if match and isinstance(rows, list) and int(match.group(1)) < len(rows):
-            label = rows[int(match.group(1))]
-            label = label.get("id") or label.get("row") if isinstance(label, dict) else label
-            where = f"{where}: row {label!r}"
-        message = str(err).splitlines()[0]
-        raise ConfigError(f"{where}: key {key}: {message}") from err
-    return OmegaConf.to_container(checked)
+    rows = raw.pop("rows", [])
+    spec = _checked(raw, schema, where)
+    if schema is TableFile:
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            raise ConfigError(f"{where}: key rows: a list of mappings, one per row")
+        spec["rows"] = [_checked(r, Row, f"{where}: row {r.get('id') or r.get('row') or i!r}")
+                        for i, r in enumerate(rows)]
+    elif rows:
+        raise ConfigError(f"{where}: key rows: a base file holds no rows")
+    return spec
 
 
 def _base_path(name: str, where: str) -> Path:
