@@ -5,6 +5,7 @@ sources, sweeps and base files; the results table."""
 import importlib
 import pkgutil
 import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -272,3 +273,10 @@ def test_results_table_says_when_a_row_trained_on_less_data_than_the_paper(tmp_p
     row = next(line for line in render("slowfast-table2", tmp_path).splitlines()
                if "20.10" in line)
     assert "trained on 227,062 pairs, the paper on about 18,000,000" in row
+
+
+def test_the_table_file_the_docs_show_whole_is_the_shipped_one():
+    repo = Path(__file__).resolve().parents[1]
+    docs = (repo / "docs" / "reproduce.md").read_text(encoding="utf-8")
+    shipped = (repo / "configs" / "slowfast" / "table4b.yaml").read_text(encoding="utf-8")
+    assert f"```yaml\n{shipped}```" in docs
