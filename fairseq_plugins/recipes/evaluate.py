@@ -146,16 +146,18 @@ def check_checkpoint(cfg, checkpoint: Path) -> None:
     classes (a classifier scored against the wrong label set reads as a low accuracy, not an error)."""
     import torch
 
+    def field(section, name):  # fairseq saves a section as a dict, a DictConfig or (legacy models) a Namespace
+        return section.get(name) if hasattr(section, "get") else getattr(section, name, None)
+
     state = torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=True)
     saved = state.get("cfg") or {}
-    model, task = saved.get("model") or {}, saved.get("task") or {}
-    arch = model.get("_name") or getattr(state.get("args"), "arch", None)
+    model, task = field(saved, "model") or {}, field(saved, "task") or {}
+    arch = field(model, "arch") or field(model, "_name") or getattr(state.get("args"), "arch", None)
     if arch is not None and arch != cfg["arch"]:
         raise ConfigError(f"{checkpoint} is a {arch} model; {cfg['table']}:{cfg['id']} scores {cfg['arch']}")
-    wanted = cfg["task"].get("num-classes")
-    if wanted is not None and task.get("num_classes") not in (None, wanted):
-        raise ConfigError(f"{checkpoint} was trained with {task['num_classes']} classes; "
-                          f"{cfg['table']}:{cfg['id']} has {wanted}")
+    wanted, classes = cfg["task"].get("num-classes"), field(task, "num_classes")
+    if wanted is not None and classes not in (None, wanted):
+        raise ConfigError(f"{checkpoint} was trained with {classes} classes; {cfg['table']}:{cfg['id']} has {wanted}")
 
 
 def generate_command(cfg, data: Path, checkpoint: Path, subset: str, cpu: bool, extra: List[str] = (),
