@@ -126,7 +126,7 @@ def summarize(per_run: List[Dict[str, float]]) -> Dict[str, float]:
 
 
 def evaluate(cfg, data: Path, checkpoints: List[Path], subset: str, results_dir: Path) -> dict:
-    """Score each run's checkpoint and write ``results/<config>.json`` (mean, deviation, runs)."""
+    """Score each run's checkpoint and write ``results/<table>/<row>.json`` (mean, deviation, runs)."""
     options = dict(cfg.get("evaluate") or {})
     unknown = set(options) - set(EVALUATE_OPTIONS)
     if unknown:
