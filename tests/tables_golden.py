@@ -1,6 +1,7 @@
 """Every table row's resolved experiment, normalised, for the golden-resolution test.
 
-    python -m tests.tables_golden --write    # rewrite tests/fixtures/tables/resolved.json
+    python -m tests.tables_golden --write            # rewrite tests/fixtures/tables/resolved.json
+    python -m tests.tables_golden --diff [TABLE...]  # the rows that resolve differently, and how
 
 What a row resolves to: the fairseq-train flags at the paper's GPU count, the run it trains in,
 its seeds, and the flags of its evaluation (fairseq-generate for translation, fairseq-eval-lm for
@@ -43,9 +44,9 @@ def evaluation(cfg):
     return {"fairseq-generate": flag_map(generate_flags(cfg)), "sacrebleu_tokenize": cfg.get("sacrebleu_tokenize")}
 
 
-def resolve_all():
+def resolve_all(configs=None):
     rows = {}
-    for cfg in all_configs():
+    for cfg in all_configs() if configs is None else configs:
         runs = seed_configs(cfg)
         rows[f"{cfg['table']} | {cfg['row']} | {cfg['column']}"] = {
             "data": cfg["data"], "gpus": cfg["gpus"], "reported": cfg["reported"],
@@ -56,8 +57,29 @@ def resolve_all():
     return dict(sorted(rows.items()))
 
 
+def diff(tables):
+    """Print every row of ``tables`` (all when empty) that resolves differently from the golden file."""
+    from fairseq_plugins.recipes.config import load_table
+
+    golden = json.loads(GOLDEN.read_text(encoding="utf-8"))
+    configs = [c for t in tables for c in load_table(t)["configs"]] if tables else None
+    resolved = json.loads(json.dumps(resolve_all(configs)))
+    prefixes = tuple(f"{c['table']} | " for c in configs) if configs else ("",)
+    for key in sorted(set(golden) | set(resolved)):
+        if not key.startswith(prefixes) or golden.get(key) == resolved.get(key):
+            continue
+        old, new = golden.get(key, {}), resolved.get(key, {})
+        print(key)
+        for field in sorted(set(old) | set(new)):
+            if old.get(field) != new.get(field):
+                print(f"  {field}: {old.get(field)} -> {new.get(field)}")
+
+
 if __name__ == "__main__":
-    if sys.argv[1:] != ["--write"]:
-        sys.exit("usage: python -m tests.tables_golden --write")
-    GOLDEN.write_text(json.dumps(resolve_all(), indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    print(f"wrote {GOLDEN}")
+    if sys.argv[1:2] == ["--write"]:
+        GOLDEN.write_text(json.dumps(resolve_all(), indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        print(f"wrote {GOLDEN}")
+    elif sys.argv[1:2] == ["--diff"]:
+        diff(sys.argv[2:])
+    else:
+        sys.exit("usage: python -m tests.tables_golden --write | --diff [TABLE...]")

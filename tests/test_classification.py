@@ -280,7 +280,7 @@ def test_sequence_shift_evaluation(sentence_data, trained_classifier, tmp_path):
         expected = 100 * sum(p == g for p, g in zip(predicted, gold)) / len(gold)
         assert score_checkpoint(checkpoint, sentence_data, shift=shift)["accuracy"] == pytest.approx(expected)
     assert not torch.allclose(*first_logits)  # the placeholders reach the encoder (a deeper tree, another root)
-    cfg = load_config("configs/classification/bpt/table2_bpt_sst5_shift3.yaml")
+    cfg = load_config("bpt-table2:bpt-sst5-shift3")
     result = evaluate(cfg, sentence_data, [checkpoint], "test", tmp_path / "results")
     assert "shifted by 3 zero-embedding placeholders" in result["test_set"]
     assert result["accuracy"] == pytest.approx(expected)
@@ -292,7 +292,7 @@ def test_bpt_table2_rows_score_table1s_runs():
     from fairseq_plugins.recipes.config import all_configs, load_tables, run_key, seed_configs
 
     configs = {c["name"]: c for c in all_configs()}
-    table1 = configs["classification/bpt/table1_bpt_sst5"]
+    table1 = configs["bpt-table1/bpt-sst5"]
     rows = sorted((c for c in configs.values() if c["table"] == "bpt-table2"), key=lambda c: c["evaluate"]["shift"])
     assert [c["evaluate"]["shift"] for c in rows] == list(range(8))
     assert [c["row"] for c in rows] == load_tables()["bpt-table2"]["rows"]
@@ -444,17 +444,17 @@ def test_results_table_renders_accuracy_with_its_deviation_and_tagging_rows(tmp_
     from fairseq_plugins.recipes.results_table import render
 
     configs = all_configs()
-    bpt = next(c for c in configs if c["name"] == "classification/bpt/table1_bpt_sst5")
-    (tmp_path / "classification" / "bpt").mkdir(parents=True)
+    bpt = next(c for c in configs if c["name"] == "bpt-table1/bpt-sst5")
+    (tmp_path / "bpt-table1").mkdir(parents=True)
     (tmp_path / f"{bpt['name']}.json").write_text(json.dumps(
         {"accuracy": 51.234, "accuracy_std": 0.5, "test_set": "sst5-phrases test",
          "accuracy_signature": "mean of 10 run(s), standard deviation 0.50"}))
-    text = render("bpt-table1", tmp_path, configs)
+    text = render("bpt-table1", tmp_path)
     assert "| BPT | 52.71 | 51.23 | 92.12 | - |" in text and "standard deviation 0.50" in text
-    pos = next(c for c in configs if c["name"] == "tagging/table4_ms_ptb_pos")
-    (tmp_path / "tagging").mkdir()
+    pos = next(c for c in configs if c["name"] == "ms-table4/ms-ptb-pos")
+    (tmp_path / "ms-table4").mkdir()
     (tmp_path / f"{pos['name']}.json").write_text(json.dumps(
         {"accuracy": 96.5, "test_set": "ptb-pos test", "accuracy_signature": "mean of 1 run(s)"}))
-    row = next(line for line in render("ms-table4", tmp_path, configs).splitlines()
+    row = next(line for line in render("ms-table4", tmp_path).splitlines()
                if line.startswith("| Multi-Scale Transformer |"))
     assert "| 97.24 | 96.50 | - | - |" in row  # PTB POS: accuracy ours beside the paper's; no F1 there

@@ -94,8 +94,8 @@ def test_mismatched_sides_are_rejected():
         DocumentPairDataset(src, tgt, d, d, docids[:-1], 5)
 
 
-@pytest.mark.parametrize("config", ["bpt/table6_bpt_k4_l128", "bpt/table6_transformer_l128",
-                                    "bpt/table6_transformer_aligned_l128", "bpt/table6_bpt_k8_l32"])
+@pytest.mark.parametrize("config", ["bpt-table6:bpt-k4-l128", "bpt-table6:transformer-l128",
+                                    "bpt-table6:transformer-aligned-l128", "bpt-table6:bpt-k8-l32"])
 def test_table_configs_batch_the_papers_128_samples_at_every_context_length(config):
     """BPT Table 10: 128 samples per batch; a sample counts its whole context window, so a token
     budget would hold fewer at large l (about 55 at l = 128 with 8192 tokens)."""

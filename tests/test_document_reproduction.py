@@ -12,13 +12,12 @@ from fairseq_plugins.recipes import evaluate, prepare_data, reproduce_table, tra
 
 from tests.cli import TINY_MODEL_ARGS  # noqa: E402
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "bpt"
 IWSLT15_RAW = Path(__file__).parent / "fixtures" / "iwslt15"
 
 
 @pytest.mark.parametrize("table", ["bpt-table5", "bpt-table6"])
 def test_every_row_trains_and_translates_with_its_context_length(table, tmp_path, capsys):
-    reproduce_table.main([table, "--dry-run", "--world-size", "0", "--data-root", str(tmp_path),
+    reproduce_table.main([table, "--dry-run", "--gpus", "0", "--data-root", str(tmp_path),
                           "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "res")])
     commands = [line for line in capsys.readouterr().out.splitlines() if "fairseq-train" in line]
     assert commands
@@ -43,14 +42,14 @@ def test_document_level_row_end_to_end_on_the_fixture(tmp_path):
     prepare_data.main(["iwslt15-zh-en", "--raw-dir", str(IWSLT15_RAW), "--out", str(data), "--workers", "1"])
     test_docids = (data / "test.docids").read_text().splitlines()
     assert len(set(test_docids)) > 1  # several talks: context must stop at their boundaries
-    config = CONFIGS / "table6_transformer_l32.yaml"
+    config = "bpt-table6:transformer-l32"
     tiny = [*TINY_MODEL_ARGS, "--max-epoch", "2", "--no-progress-bar", "--num-workers", "0"]
-    run_dir = train.main([str(config), "--data", str(data), "--runs-dir", str(tmp_path / "runs"),
+    run_dir = train.main([config, "--data", str(data), "--runs-dir", str(tmp_path / "runs"),
                           "--world-size", "0", "--", *tiny])
-    result = evaluate.main([str(config), "--data", str(data), "--checkpoint", str(run_dir / "checkpoint_last.pt"),
+    result = evaluate.main([config, "--data", str(data), "--checkpoint", str(run_dir / "checkpoint_last.pt"),
                             "--results-dir", str(tmp_path / "results")])
     assert result["sentences"] == len(test_docids)
-    saved = json.loads((tmp_path / "results" / "bpt" / "table6_transformer_l32.json").read_text())
+    saved = json.loads((tmp_path / "results" / "bpt-table6" / "transformer-l32.json").read_text())
     assert saved["column"] == "32" and saved["row"] == "Transformer (full cross-attention)"
     assert saved["target_context"] == "translations" and saved["test_set"] == \
         "IWSLT15 zh-en TED.tst2010+TED.tst2011+TED.tst2012+TED.tst2013 (WIT3 xml)"

@@ -69,7 +69,7 @@ def test_the_wheel_ships_the_kernel_sources_and_configs(install):
     resources = site / "fairseq_plugins" / "_resources"
     assert (resources / "cpu_ext" / "csrc" / "graph_attention_cpu.cpp").is_file()
     assert (resources / "cuda_ext" / "csrc" / "graph_attention_kernels.cu").is_file()
-    assert (resources / "configs" / "bpt" / "table7_bpt_k4.yaml").is_file()
+    assert (resources / "configs" / "bpt" / "table7.yaml").is_file()
     shipped = {p.relative_to(resources / "configs") for p in (resources / "configs").rglob("*.yaml")}
     assert shipped == {p.relative_to(REPO / "configs") for p in (REPO / "configs").rglob("*.yaml")}
 
@@ -105,8 +105,8 @@ def test_console_commands_resolve_and_run_from_the_install(install):
     for command in declared:
         assert (site / "bin" / command).is_file(), command
     train = site / "bin" / "fairseq-plugins-train"
-    assert "config" in _run([train, "--help"], env=env, cwd=far).stdout
-    dry = _run([train, "bpt/table7_bpt_k4", "--dry-run", "--world-size", "0"], env=env, cwd=far).stdout
+    assert "TABLE:ROW_ID" in _run([train, "--help"], env=env, cwd=far).stdout
+    dry = _run([train, "bpt-table7:bpt-k4", "--dry-run", "--world-size", "0"], env=env, cwd=far).stdout
     assert "fairseq-train" in dry and "--arch bpt" in dry
     assert f"--user-dir {site / 'fairseq_plugins'}" in dry
 

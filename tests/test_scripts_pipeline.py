@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 from fairseq_plugins.recipes import average_checkpoints, demo, evaluate, train
 from fairseq_plugins.recipes.config import load_config
 from tests.cli import MULTI30K
+from tests.table_files import one_row_table
 
 TINY_MODEL = {"encoder-layers": 1, "decoder-layers": 1, "encoder-embed-dim": 32, "decoder-embed-dim": 32,
               "encoder-ffn-embed-dim": 64, "decoder-ffn-embed-dim": 64, "encoder-attention-heads": 2,
@@ -66,7 +66,7 @@ def test_average_rejects_differing_integer_buffers(tmp_path):
 
 
 def test_train_command_scales_batch_and_passes_distributed_flags(tmp_path):
-    cfg = load_config(Path(__file__).parents[1] / "configs" / "bpt" / "table7_bpt_k4.yaml")
+    cfg = load_config("bpt-table7:bpt-k4")
     data = tmp_path / "data"
     four = train.build_command(cfg, data, tmp_path / "run", gpus_per_node=4, extra=["--max-update", "5"])
     assert four[four.index("--update-freq") + 1] == "2"  # 8 GPUs in the paper
@@ -75,7 +75,7 @@ def test_train_command_scales_batch_and_passes_distributed_flags(tmp_path):
     assert "--cpu" in cpu and "--distributed-world-size" not in cpu
     nodes = train.build_command(cfg, data, tmp_path / "run", gpus_per_node=8, nnodes=2, node_rank=1,
                                 master_addr="10.0.0.1")
-    assert nodes[:6] == ["torchrun", "--nproc_per_node=8", "--nnodes=2", "--node_rank=1",
+    assert nodes[0].endswith("torchrun") and nodes[1:6] == ["--nproc_per_node=8", "--nnodes=2", "--node_rank=1",
                          "--master_addr=10.0.0.1", "--master_port=29500"]
     assert nodes[nodes.index("--distributed-world-size") + 1] == "16"
     with pytest.raises(ValueError, match="master-addr"):
@@ -83,28 +83,27 @@ def test_train_command_scales_batch_and_passes_distributed_flags(tmp_path):
 
 
 def test_config_trains_averages_and_scores_with_sacrebleu(multi30k_bin, tmp_path):
-    cfg_path = tmp_path / "tiny.yaml"
-    cfg_path.write_text(yaml.dump({
-        "paper": "bpt", "table": "bpt-table7", "row": "Transformer (our implementation)",
-        "reported": {"sacrebleu": 27.2}, "data": "multi30k-en-de", "arch": "transformer",
-        "task": {"task": "translation"}, "model": TINY_MODEL,
-        "train": {"optimizer": "adam", "lr": 0.005, "lr-scheduler": "inverse_sqrt", "warmup-updates": 5,
-                  "criterion": "label_smoothed_cross_entropy", "label-smoothing": 0.1,
-                  "max-tokens": 1500, "max-epoch": 3, "num-workers": 0, "seed": 1},
-        "gpus": 1, "average_last": 2, "generate": {"beam": 2, "batch-size": 32, "max-len-b": 10}}))
+    row = one_row_table(
+        tmp_path / "tiny.yaml", row="Transformer (our implementation)",
+        reported={"sacrebleu": 27.2}, data="multi30k-en-de", arch="transformer",
+        task={"task": "translation"}, model=TINY_MODEL,
+        train={"optimizer": "adam", "lr": 0.005, "lr-scheduler": "inverse_sqrt", "warmup-updates": 5,
+               "criterion": "label_smoothed_cross_entropy", "label-smoothing": 0.1,
+               "max-tokens": 1500, "max-epoch": 3, "num-workers": 0, "seed": 1},
+        gpus=1, average_last=2, generate={"beam": 2, "batch-size": 32, "max-len-b": 10})
     runs = tmp_path / "runs"
-    save_dir = train.main([str(cfg_path), "--data", str(multi30k_bin), "--runs-dir", str(runs),
+    save_dir = train.main([row, "--data", str(multi30k_bin), "--runs-dir", str(runs),
                            "--world-size", "0", "--", "--no-progress-bar"])
     assert sorted(p.name for p in save_dir.glob("checkpoint[0-9]*.pt")) == \
         ["checkpoint1.pt", "checkpoint2.pt", "checkpoint3.pt"]
-    result = evaluate.main([str(cfg_path), "--data", str(multi30k_bin), "--runs-dir", str(runs),
+    result = evaluate.main([row, "--data", str(multi30k_bin), "--runs-dir", str(runs),
                             "--results-dir", str(tmp_path / "results")])
     assert result["checkpoint"].endswith("checkpoint_avg2.pt") and result["sentences"] == 20
     assert 0.0 <= result["sacrebleu"] <= 100.0 and result["sacrebleu_signature"].startswith("nrefs:1|case:mixed")
     assert "tok:none" in result["tokenized_signature"]
-    saved = json.loads((tmp_path / "results" / "tiny.json").read_text())
-    assert saved["sacrebleu"] == result["sacrebleu"]
-    work = tmp_path / "results" / "tiny"
+    saved = json.loads((tmp_path / "results" / "test-table" / "tiny.json").read_text())
+    assert saved["sacrebleu"] == result["sacrebleu"] and saved["data"] == str(multi30k_bin)
+    work = tmp_path / "results" / "test-table" / "tiny"
     hyp_detok = (work / "test.hyp.detok.de").read_text(encoding="utf-8").splitlines()
     assert len(hyp_detok) == 20 and not any("@@" in h for h in hyp_detok)
 

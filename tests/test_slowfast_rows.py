@@ -13,14 +13,15 @@ from fairseq import options, tasks
 from fairseq_plugins.recipes.config import all_configs, load_tables, run_key, train_flags
 
 CONFIGS = {c["name"]: c for c in all_configs()}
+CELLS = {(c["table"], c["row"], c["column"]): c for c in CONFIGS.values()}  # the paper's table, row and column
 NEW_TABLES = ("slowfast-table7", "slowfast-figure5a", "slowfast-figure5b")
 NEW = sorted(name for name, c in CONFIGS.items() if c["table"] in NEW_TABLES or name.startswith(
-    ("slowfast/table1_fast_only", "slowfast/table1_transformer_characters", "slowfast/table4b_fast_only")))
+    ("slowfast-table1/fast-only", "slowfast-table1/transformer-characters", "slowfast-table4b/fast-only")))
 JOINT_BPE_TYPES = 32768  # about the size of the joined dictionary of 32k joint BPE merges
 # the paper's parameter counts (Table 1), in millions
-PAPER_PARAMS = {"slowfast/table4b_fast_only": 42, "slowfast/table1_fast_only_h512_base": 64,
-                "slowfast/table1_fast_only_h512_big": 211, "slowfast/table1_transformer_characters_base": 63,
-                "slowfast/table1_transformer_characters_big": 208}
+PAPER_PARAMS = {"slowfast-table4b/fast-only": 42, "slowfast-table1/fast-only-h512-base": 64,
+                "slowfast-table1/fast-only-h512-big": 211, "slowfast-table1/transformer-characters-base": 63,
+                "slowfast-table1/transformer-characters-big": 208}
 
 
 def _dictionary_files(tmp_path, n=200):
@@ -68,7 +69,7 @@ def test_config_builds_its_model(name, tmp_path):
 
 def _same_but(a, b, *sections):
     """Two configs are the same experiment apart from the named keys (``model.encoder-layers`` style)."""
-    strip = {"table", "row", "column", "reported", "note", "name"}
+    strip = {"table", "row", "column", "reported", "note", "name", "id", "sources"}
     a, b = ({k: dict(v) if isinstance(v, dict) else v for k, v in c.items() if k not in strip} for c in (a, b))
     for key in sections:
         section, _, option = key.partition(".")
@@ -80,41 +81,41 @@ def _same_but(a, b, *sections):
     return a == b
 
 
-BASELINES = {"slow_only": "slowfast/table1_slow_only_base", "transformer_slowfast": "slowfast/table1_transformer_base"}
+BASELINES = {"Baseline": "slowfast-table1/slow-only-base", "TranSFormer": "slowfast-table1/transformer-base"}
 
 
 @pytest.mark.parametrize("model", sorted(BASELINES))
 def test_the_sweeps_change_only_what_they_sweep(model):
     base = CONFIGS[BASELINES[model]]
     for layers in (6, 12, 18, 24):
-        cfg = CONFIGS[f"slowfast/figure5a_{model}_{layers}_layers"]
-        assert cfg["column"] == str(layers) and cfg["model"].get("encoder-layers", 6) == layers
+        cfg = CELLS["slowfast-figure5a", model, str(layers)]
+        assert cfg["model"].get("encoder-layers", 6) == layers
         assert _same_but(cfg, base, "model.encoder-layers")
-    assert run_key(CONFIGS[f"slowfast/figure5a_{model}_6_layers"]) == run_key(base)  # Table 1's run
+    assert run_key(CELLS["slowfast-figure5a", model, "6"]) == run_key(base)  # Table 1's run
     for merges in (10, 20, 30, 40, 50):
-        cfg = CONFIGS[f"slowfast/figure5b_{model}_bpe{merges}k"]
+        cfg = CELLS["slowfast-figure5b", model, f"{merges}K"]
         assert cfg["data"] == f"wmt14-en-de-slowfast-bpe{merges}k" and cfg["column"] == f"{merges}K"
         assert _same_but(cfg, base, "data")
 
 
 def test_low_resource_rows_are_the_table1_models_on_the_samples():
-    models = {"transformer_slowfast": CONFIGS["slowfast/table1_transformer_base"],
-              "subwords": CONFIGS["slowfast/table1_slow_only_base"],
-              "characters": CONFIGS["slowfast/table1_transformer_characters_base"]}
-    paper = {"transformer_slowfast": (11.87, 22.75, 25.3), "characters": (10.5, 20.5, 22.5),
-             "subwords": (7.0, 22.0, 23.5)}
+    models = {"1 TranSFormer": CONFIGS["slowfast-table1/transformer-base"],
+              "3 Subword-only": CONFIGS["slowfast-table1/slow-only-base"],
+              "2 Character-only": CONFIGS["slowfast-table1/transformer-characters-base"]}
+    paper = {"1 TranSFormer": (11.87, 22.75, 25.3), "2 Character-only": (10.5, 20.5, 22.5),
+             "3 Subword-only": (7.0, 22.0, 23.5)}
     for name, base in models.items():
         for size, reported in zip(("50k", "500k", "1000k"), paper[name]):
-            cfg = CONFIGS[f"slowfast/table7_{name}_{size}"]
+            cfg = CELLS["slowfast-table7", name, size.upper()]
             assert cfg["data"] == f"wmt14-en-de-slowfast-{size}" and cfg["reported"] == {"tokenized": reported}
             assert cfg["column"] == size.upper() and cfg["average_last"] == 0 and cfg["train"]["patience"] == 10
             assert _same_but(cfg, base, "data", "average_last", "train.warmup-updates", "train.patience")
 
 
 def test_fast_only_rows_report_the_papers_numbers():
-    assert CONFIGS["slowfast/table4b_fast_only"]["reported"] == {"tokenized": 17.9}
-    assert CONFIGS["slowfast/table1_fast_only_h512_base"]["reported"] == {"tokenized": 27.11, "sacrebleu": 26.1}
-    assert CONFIGS["slowfast/table1_fast_only_h512_big"]["reported"] == {"tokenized": 28.65, "sacrebleu": 27.6}
-    assert CONFIGS["slowfast/table1_transformer_characters_base"]["reported"] == {"tokenized": 26.56}
-    assert CONFIGS["slowfast/table1_transformer_characters_big"]["reported"] == {"tokenized": 28.05}
+    assert CONFIGS["slowfast-table4b/fast-only"]["reported"] == {"tokenized": 17.9}
+    assert CONFIGS["slowfast-table1/fast-only-h512-base"]["reported"] == {"tokenized": 27.11, "sacrebleu": 26.1}
+    assert CONFIGS["slowfast-table1/fast-only-h512-big"]["reported"] == {"tokenized": 28.65, "sacrebleu": 27.6}
+    assert CONFIGS["slowfast-table1/transformer-characters-base"]["reported"] == {"tokenized": 26.56}
+    assert CONFIGS["slowfast-table1/transformer-characters-big"]["reported"] == {"tokenized": 28.05}
     assert all("reported" not in c or not c["reported"] for n, c in CONFIGS.items() if "/figure5" in n)

@@ -61,5 +61,5 @@ def bpt_classifier_imdb(args):
 
 @register_model_architecture("segtree_classifier", "segtree_classifier")
 def segtree_classifier(args):
-    """SegTree (k 1) at the classification size, level clip 2 (BPT's ``sst1-super.yml``)."""
+    """SegTree (k 1) at the classification size; level clip 2 is ours (SegTree's own graph clips no level)."""
     _graph_classifier(args, graph_k=1, graph_rel_clip=2)

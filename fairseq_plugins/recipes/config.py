@@ -1,124 +1,286 @@
-"""Experiment configs (``configs/**.yaml``): one file per table row of a paper.
+"""Experiment configs: one file per paper table (``configs/<paper>/<table>.yaml``, the schema in
+``table_schema``), each row an experiment that trains one model and scores it.
 
-A config holds everything needed to rerun one row::
+A row is named ``TABLE:ROW`` (``bpt-table4:enwik8-l512``): the table's id, or the path of a table
+file, and the row's id. Resolving a row merges, in order, the ``base:`` files (recursively), the
+table's ``defaults``, the row and its sweep value; its sources merge the same way, and every value
+that is set must have one: ``paper: <section, table or equation>``, ``original: <owner>/<repo>@<commit>
+<file>`` or ``ours: <why>``.
 
-    paper: bpt                   # which paper the row comes from
-    table: bpt-table7            # table id (configs/tables.yaml)
-    row: BPT (k = 4)             # row label as printed in the paper
-    column: BLEU                 # column label, for tables with several result columns
-    reported: {sacrebleu: 27.6}  # the paper's numbers by metric (sacrebleu | tokenized)
-    data: wmt14-en-de-bpt        # corpus of fairseq-plugins-prepare-data
-    arch: bpt_transformer_wmt_en_de
-    task: {task: translation}    # task options, used by training and generation
-    model: {...}                 # model options (fairseq-train --help with --arch)
-    train: {...}                 # optimisation options
-    gpus: 8                      # GPUs the paper's batch assumes; update-freq is rescaled
-    average_last: 10             # average the last N epoch checkpoints (0: checkpoint_best)
-    generate: {beam: 5, lenpen: 0.6}   # translation: fairseq-generate options
-    evaluate: {...}              # other tasks: options of their evaluation command
-    sacrebleu_tokenize: intl     # sacrebleu's tokenizer for the detokenized score (default 13a; zh
-                                 # for a Chinese target)
-    seeds: 10                    # the paper's protocol: N runs (fairseq seeds 1..N), scored as mean and deviation
-    note: ...                    # which values the paper leaves open, and what we chose
+A resolved row is a dict::
 
-Options are fairseq command-line flags without the leading ``--``: ``true`` is a bare
-flag, ``false``/``null`` leave the flag out, anything else is its value.
+    name: bpt-table4/enwik8-l512   # table/row: results/<name>.json, and run logs
+    paper, table, id, row, column, reported, note
+    data, arch, gpus, average_last, seeds?, sacrebleu_tokenize?
+    task, model, train, generate, evaluate: {option: value}
+    sources: {dotted key: source}
+
+Options are fairseq command-line flags without the leading ``--``: ``true`` is a bare flag,
+``false``/``null`` leave the flag out, anything else is its value.
 """
 
+import copy
 import hashlib
 import json
 import math
+import re
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from ..resources import resource_dir, user_dir
+from .table_schema import PAPERS, SECTIONS, SETTINGS, BaseFile, Row, TableFile
 
 CONFIG_DIR = resource_dir("configs")
 USER_DIR = user_dir()
 METRICS = ("sacrebleu", "tokenized", "bpc", "ppl", "accuracy", "f1")  # what ``reported`` may hold
-
-_REQUIRED = {"paper": str, "table": str, "row": str, "data": str, "arch": str,
-             "model": dict, "train": dict, "gpus": int, "average_last": int}
-_OPTIONAL = {"column": str, "reported": dict, "task": dict, "note": str, "sacrebleu_tokenize": str,
-             "generate": dict,  # fairseq-generate options (translation tasks)
-             "evaluate": dict,  # options of the task's own evaluation command (e.g. fairseq-eval-lm)
-             "seeds": int}  # runs of the paper's protocol (seeds 1..N), scored as mean and deviation
 SACREBLEU_TOKENIZERS = ("13a", "intl", "zh", "char", "none")
 # flags the scripts set themselves; a config must not carry them
 _RESERVED = {"user-dir", "arch", "save-dir", "path", "distributed-world-size", "gen-subset", "remove-bpe",
-             "results-path", "cpu"}
+             "results-path", "cpu", "fp16", "bf16"}
+_REQUIRED = ("data", "arch", "gpus", "average_last")
+_SOURCE = re.compile(r"(paper: \S.*|original: [\w.-]+/[\w.-]+@[0-9a-f]{7,40} \S.*|ours: \S.*)", re.S)
+_ROW_ID = re.compile(r"[a-z0-9][a-z0-9._+-]*")
+_TEMPLATE = re.compile(r"\{([^{}]+)\}")
+NOT_TABLES = ("hydra",)  # configs/ folders of other configs (fairseq-hydra-train's)
 
 
 class ConfigError(ValueError):
     pass
 
 
-def find_config(path) -> Path:
-    """A config file: ``path`` itself when it exists, else a config shipped with the package
-    named by its path under configs/ (``bpt/table7_bpt_k4`` or ``bpt/table7_bpt_k4.yaml``)."""
-    path = Path(path)
-    if path.exists():
-        return path
-    relative = Path(*path.parts[1:]) if path.parts[:1] == ("configs",) else path
-    shipped = CONFIG_DIR / relative.with_suffix(".yaml")
-    if shipped.exists():
-        return shipped
-    raise ConfigError(f"{path}: no such file, nor a config of {CONFIG_DIR} by that name")
+def table_files() -> List[Path]:
+    """Every paper-table file: ``configs/<paper>/*.yaml`` (base files sit in ``<paper>/base/``)."""
+    return sorted(p for p in CONFIG_DIR.glob("*/*.yaml") if p.parent.name not in NOT_TABLES)
 
 
-def load_config(path) -> Dict[str, Any]:
-    """Read and validate one config (a file, or a shipped config's name); adds ``name``
-    (its path relative to configs/)."""
-    path = find_config(path)
+def _checked(raw: Dict[str, Any], schema, where: str) -> Dict[str, Any]:
+    """``raw`` against a structured config: plain containers, or one line naming the key."""
     try:
-        cfg = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from err
-    if not isinstance(cfg, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level")
-    for key, typ in _REQUIRED.items():
-        if key not in cfg:
-            raise ConfigError(f"{path}: missing '{key}'")
-        if not isinstance(cfg[key], typ):
-            raise ConfigError(f"{path}: '{key}' must be a {typ.__name__}")
-    for key in cfg:
-        if key not in _REQUIRED and key not in _OPTIONAL:
-            raise ConfigError(f"{path}: unknown key '{key}'")
-        if key in _OPTIONAL and not isinstance(cfg[key], _OPTIONAL[key]):
-            raise ConfigError(f"{path}: '{key}' must be a {_OPTIONAL[key].__name__}")
-    for metric, value in (cfg.get("reported") or {}).items():
-        if metric not in METRICS or not isinstance(value, (int, float)):
-            raise ConfigError(f"{path}: reported must map {METRICS} to numbers, got {metric}: {value!r}")
-    for section in ("task", "model", "train", "generate", "evaluate"):
-        clash = _RESERVED.intersection(cfg.get(section) or {})
+        return OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(schema), raw), throw_on_missing=True)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", "") or "?"
+        raise ConfigError(f"{where}: key {key}: {str(err).splitlines()[0]}") from err
+
+
+def _read(path: Path, schema, where: str) -> Dict[str, Any]:
+    """One YAML file checked against its schema; a table's rows each on their own, so that an error
+    names the row."""
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as err:
+        raise ConfigError(f"{where}: cannot read: {err}") from err
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a mapping at the top level")
+    rows = raw.pop("rows", [])
+    spec = _checked(raw, schema, where)
+    if schema is TableFile:
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            raise ConfigError(f"{where}: key rows: a list of mappings, one per row")
+        spec["rows"] = [_checked(r, Row, f"{where}: row {r.get('id') or r.get('row') or i!r}")
+                        for i, r in enumerate(rows)]
+    elif rows:
+        raise ConfigError(f"{where}: key rows: a base file holds no rows")
+    return spec
+
+
+def _base_path(name: str, where: str) -> Path:
+    path = CONFIG_DIR / name
+    if not path.is_file():
+        raise ConfigError(f"{where}: base {name!r} is no file under {CONFIG_DIR}")
+    return path
+
+
+def _merge(into: Dict[str, Any], settings: Dict[str, Any]) -> None:
+    """Settings over settings: sections merge option by option, the rest is replaced; None is unset."""
+    for key in SETTINGS:
+        if settings.get(key) is not None:
+            into[key] = settings[key]
+    for section in SECTIONS:
+        into.setdefault(section, {}).update(settings.get(section) or {})
+
+
+def _layers(spec: Dict[str, Any], where: str, seen: Tuple[str, ...] = ()) -> Iterator[Tuple[Dict, Dict, str]]:
+    """(defaults, sources, file) of the base files of ``spec``, deepest first, then its own."""
+    for name in spec.get("base") or []:
+        if name in seen:
+            raise ConfigError(f"{where}: base files name each other in a cycle: {' -> '.join(seen + (name,))}")
+        base = _read(_base_path(name, where), BaseFile, f"{where}: base {name}")
+        yield from _layers(base, f"configs/{name}", seen + (name,))
+    yield spec.get("defaults") or {}, spec.get("sources") or {}, where
+
+
+def flatten(cfg: Dict[str, Any]) -> Dict[str, Any]:
+    """The values a resolved row sets, by dotted key (``train.lr``); unset ones left out."""
+    flat = {key: cfg[key] for key in SETTINGS if cfg.get(key) is not None}
+    for section in SECTIONS:
+        flat.update({f"{section}.{k}": v for k, v in (cfg.get(section) or {}).items() if v is not None})
+    return flat
+
+
+def _set_dotted(cfg: Dict[str, Any], key: str, value: Any, where: str) -> None:
+    head, _, option = key.partition(".")
+    if head in SECTIONS and option:
+        cfg.setdefault(head, {})[option] = value
+    elif head in SETTINGS and not option:
+        cfg[head] = value
+    else:
+        raise ConfigError(f"{where}: sweep key {key!r} is neither a setting ({', '.join(SETTINGS)}) nor "
+                          f"section.option ({', '.join(SECTIONS)})")
+
+
+def _fill(template: Optional[str], flat: Dict[str, Any], where: str) -> Optional[str]:
+    """``'BPT (k = {model.graph-k})'`` with the row's values."""
+    if template is None:
+        return None
+
+    def value(match):
+        if match.group(1) not in flat:
+            raise ConfigError(f"{where}: {{{match.group(1)}}} in {template!r} names no value of the row")
+        return str(flat[match.group(1)])
+
+    return _TEMPLATE.sub(value, template)
+
+
+def _sweep(row: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Every combination of the row's sweep values, as {dotted key: value}."""
+    combos: List[Dict[str, Any]] = [{}]
+    for key, values in (row.get("sweep") or {}).items():
+        combos = [dict(c, **{key: v}) for c in combos for v in values]
+    return combos
+
+
+def _check_row(cfg: Dict[str, Any], where: str) -> None:
+    for key in _REQUIRED:
+        if cfg.get(key) is None:
+            raise ConfigError(f"{where}: missing '{key}' (set it in the row, the defaults or a base file)")
+    for metric in cfg["reported"]:
+        if metric not in METRICS:
+            raise ConfigError(f"{where}: reported must map metrics {METRICS} to numbers, got {metric!r}")
+    for section in SECTIONS:
+        clash = _RESERVED.intersection(cfg[section])
         if clash:
-            raise ConfigError(f"{path}: '{section}' sets {sorted(clash)}, which the scripts set themselves")
+            raise ConfigError(f"{where}: '{section}' sets {sorted(clash)}, which the scripts set themselves")
     if cfg.get("sacrebleu_tokenize", "13a") not in SACREBLEU_TOKENIZERS:
-        raise ConfigError(f"{path}: sacrebleu_tokenize must be one of {SACREBLEU_TOKENIZERS}")
-    if cfg.get("seeds", 1) < 1 or "seed" in cfg["train"] and "seeds" in cfg:
-        raise ConfigError(f"{path}: seeds must be >= 1, and a config with seeds sets no train seed")
+        raise ConfigError(f"{where}: sacrebleu_tokenize must be one of {SACREBLEU_TOKENIZERS}")
+    if (cfg.get("seeds") or 1) < 1 or "seed" in cfg["train"] and cfg.get("seeds"):
+        raise ConfigError(f"{where}: seeds must be >= 1, and a row with seeds sets no train seed")
     if cfg["gpus"] < 1 or cfg["average_last"] < 0:
-        raise ConfigError(f"{path}: gpus must be >= 1 and average_last >= 0")
-    cfg.setdefault("task", {})
-    cfg.setdefault("generate", {})
-    cfg.setdefault("evaluate", {})
-    cfg.setdefault("column", "BLEU")
-    cfg.setdefault("reported", {})
-    try:
-        cfg["name"] = str(path.resolve().relative_to(CONFIG_DIR)).removesuffix(".yaml")
-    except ValueError:
-        cfg["name"] = path.stem
-    return cfg
+        raise ConfigError(f"{where}: gpus must be >= 1 and average_last >= 0")
+    for key, value in flatten(cfg).items():
+        source = cfg["sources"].get(key)
+        if source is None:
+            raise ConfigError(f"{where}: {key} = {value!r} has no source (paper, original or ours)")
+        if not _SOURCE.fullmatch(source):
+            raise ConfigError(f"{where}: the source of {key} must read 'paper: <where>', "
+                              f"'original: <owner>/<repo>@<commit> <file>' or 'ours: <why>', got {source!r}")
+
+
+def _resolve_table(path: Path) -> Dict[str, Any]:
+    """A table file's spec and its rows, resolved and checked."""
+    where = str(path)
+    spec = _read(path, TableFile, where)
+    if spec["paper"] not in PAPERS:
+        raise ConfigError(f"{where}: paper must be one of {PAPERS}, got {spec['paper']!r}")
+    for metric in (spec["metric"], *spec["extra_metrics"]):
+        if metric not in METRICS:
+            raise ConfigError(f"{where}: metric {metric!r} is not one of {METRICS}")
+    common: Dict[str, Any] = {}
+    sources: Dict[str, str] = {}
+    for defaults, layer_sources, _ in _layers(spec, where):
+        _merge(common, defaults)
+        sources.update(layer_sources)
+    rows, order, used = [], [], set()
+    for raw in spec["rows"]:
+        label = raw.get("id") or raw["row"]
+        if raw.get("why") is not None:  # reported by the paper, not rerun
+            order.append({"row": raw["row"], "reported": raw["reported"], "why": raw["why"]})
+            continue
+        if not raw.get("id"):
+            raise ConfigError(f"{where}: row {raw['row']!r} needs an id (or a why: it is not rerun)")
+        for combo in _sweep(raw):
+            cfg = copy.deepcopy(common)
+            _merge(cfg, raw)
+            row_where = f"{where}: row {label!r}"
+            for key, value in combo.items():
+                _set_dotted(cfg, key, value, row_where)
+            for section in SECTIONS:  # null unsets an option of the defaults
+                cfg[section] = {k: v for k, v in cfg[section].items() if v is not None}
+            flat = flatten(cfg)
+            row_id = _fill(raw["id"], flat, row_where)
+            if not _ROW_ID.fullmatch(row_id):
+                raise ConfigError(f"{row_where}: id {row_id!r} must be lower case letters, digits and ._+-")
+            cfg.update(paper=spec["paper"], table=spec["table"], id=row_id, name=f"{spec['table']}/{row_id}",
+                       row=_fill(raw["row"], flat, row_where),
+                       column=_fill(raw.get("column"), flat, row_where) or spec["columns"][0],
+                       reported=raw["reported"], note=raw.get("note") or spec.get("note"),
+                       sources={**sources, **raw["sources"]})
+            row_where = f"{where}: row {row_id!r}"
+            if cfg["column"] not in spec["columns"]:
+                raise ConfigError(f"{row_where}: column {cfg['column']!r} is not one of {spec['columns']}")
+            if any(r["id"] == row_id for r in rows):
+                raise ConfigError(f"{row_where}: two rows have this id")
+            _check_row(cfg, row_where)
+            used.update(flat)
+            rows.append(cfg)
+            if cfg["row"] not in order:
+                order.append(cfg["row"])
+    for source_key in set(sources).union(*(r["sources"] for r in rows)) - used:
+        raise ConfigError(f"{where}: a source for {source_key}, which no row sets")
+    return {"table": spec["table"], "file": path, "title": spec["title"], "metric": spec["metric"],
+            "extra_metrics": spec["extra_metrics"], "columns": spec["columns"], "rows": order, "configs": rows}
+
+
+def load_tables() -> Dict[str, Dict[str, Any]]:
+    """Every shipped table by id: title, metric, columns, ``rows`` (labels in order; rows the paper
+    reports and we do not rerun as {row, reported, why}) and ``configs`` (its resolved rows)."""
+    tables: Dict[str, Dict[str, Any]] = {}
+    for path in table_files():
+        table = _resolve_table(path)
+        if table["table"] in tables:
+            raise ConfigError(f"{path}: table {table['table']} is also {tables[table['table']]['file']}")
+        tables[table["table"]] = table
+    return tables
+
+
+def load_table(table: str) -> Dict[str, Any]:
+    """One table: a shipped table's id (``bpt-table4``) or the path of a table file."""
+    if table.endswith(".yaml") or Path(table).is_file():
+        path = Path(table)
+        if not path.is_file():
+            shipped = CONFIG_DIR / Path(*path.parts[1:]) if path.parts[:1] == ("configs",) else None
+            if shipped is None or not shipped.is_file():
+                raise ConfigError(f"{table}: no such table file")
+            path = shipped
+        return _resolve_table(path)
+    tables = load_tables()
+    if table not in tables:
+        raise ConfigError(f"unknown table {table!r}; known: {', '.join(sorted(tables))}")
+    return tables[table]
+
+
+def load_config(ref: str) -> Dict[str, Any]:
+    """One resolved row: ``TABLE:ROW`` (``bpt-table4:enwik8-l512``, ``my_table.yaml:big``); a table
+    of one row may be named alone."""
+    table_ref, _, row_id = str(ref).rpartition(":") if ":" in str(ref) else (str(ref), "", "")
+    table = load_table(table_ref)
+    if not row_id:
+        if len(table["configs"]) != 1:
+            raise ConfigError(f"{ref}: name a row, TABLE:ROW; rows: {', '.join(c['id'] for c in table['configs'])}")
+        return table["configs"][0]
+    for cfg in table["configs"]:
+        if cfg["id"] == row_id:
+            return cfg
+    raise ConfigError(f"{ref}: {table['table']} has no row {row_id!r}; rows: "
+                      f"{', '.join(c['id'] for c in table['configs'])}")
 
 
 def all_configs() -> List[Dict[str, Any]]:
-    """Every table-row config: all of configs/ but tables.yaml, the demo's configs (demo*.yaml),
-    the quality study's (quality_study.yaml) and the fairseq-hydra-train configs (configs/hydra/)."""
-    return [load_config(p) for p in sorted(CONFIG_DIR.rglob("*.yaml"))
-            if p.name not in ("tables.yaml", "quality_study.yaml") and not p.name.startswith("demo")
-            and p.parent.name != "hydra"]
+    """Every row of every shipped table, resolved."""
+    return [cfg for table in load_tables().values() for cfg in table["configs"]]
 
 
 def to_flags(options: Optional[Dict[str, Any]]) -> List[str]:
@@ -205,8 +367,3 @@ def target_context(cfg: Dict[str, Any], extra: Sequence[str] = ()) -> Optional[s
     return value
 
 
-def load_tables() -> Dict[str, Any]:
-    tables = yaml.safe_load((CONFIG_DIR / "tables.yaml").read_text(encoding="utf-8"))
-    if not isinstance(tables, dict):
-        raise ConfigError("configs/tables.yaml must map table ids to tables")
-    return tables

@@ -1,8 +1,12 @@
 """Translate a test set with fairseq-generate, detokenize, and score with sacrebleu's Python API
 (language models: ``evaluate_lm``, bits per character or perplexity from fairseq-eval-lm).
 
-    fairseq-plugins-evaluate configs/bpt/table7_bpt_k4.yaml        # averages, generates, scores
-    fairseq-plugins-evaluate CONFIG --checkpoint path/to/checkpoint.pt
+    fairseq-plugins-evaluate bpt-table7:bpt-k4                    # averages, generates, scores
+    fairseq-plugins-evaluate ROW --checkpoint path/to/checkpoint.pt   # exactly that checkpoint
+    fairseq-plugins-evaluate bpt-table1:bpt-sst5 --checkpoint s1.pt ... --checkpoint s10.pt   # one per seed
+
+Without ``--checkpoint`` the row's runs are found under ``--runs-dir`` by their run keys (one per
+seed for a row with ``seeds``), and the averaged (``average_last``) or best checkpoint of each is scored.
 
 Two scores, each printed and saved with its sacrebleu signature and the test set it is on:
 
@@ -14,22 +18,22 @@ Two scores, each printed and saved with its sacrebleu signature and the test set
   ``tokenize="none"``, i.e. multi-bleu.perl's number. Hyphens are split (``@-@``), which
   is the compound splitting of the usual WMT14 En-De tokenized BLEU.
 
-Lower-cased corpora (IWSLT14) are scored lower-cased. Document-level configs also record which
+Lower-cased corpora (IWSLT14) are scored lower-cased. Document-level rows also record which
 target context the translations were made with (``--target-context``). Results go to
-``results/<config name>.json``.
+``results/<table>/<row id>.json`` and name the data folder that was scored.
 """
 
 import argparse
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
 from . import evaluate_classification
-from .config import generate_flags, load_config, run_key, seed_configs, target_context
+from .config import ConfigError, generate_flags, load_config, run_key, seed_configs, target_context
 from .data.text_processing import unsegment_chinese
+from .tools import MissingTool, Tools
 from .train import default_data_dir, local_devices
 
 
@@ -95,29 +99,75 @@ def score(generate_out: str, data: Path, subset: str, out_dir: Path, tokenize: O
             "tokenized": tok["score"], "tokenized_signature": tok["signature"]}
 
 
-def checkpoint_for(cfg, run_dir: Path) -> Path:
-    """The averaged checkpoint of the config (made once), or checkpoint_best.pt."""
+def checkpoint_path(cfg, run_dir: Path) -> Path:
+    """The checkpoint a row scores in its run: the average of the last ``average_last``, or the best."""
     n = cfg["average_last"]
-    if n == 0:
-        return run_dir / "checkpoint_best.pt"
-    averaged = run_dir / f"checkpoint_avg{n}.pt"
-    if not averaged.exists():
+    return run_dir / (f"checkpoint_avg{n}.pt" if n else "checkpoint_best.pt")
+
+
+def average_command(cfg, run_dir: Path) -> List[str]:
+    """The command that makes the row's averaged checkpoint ([] when it scores checkpoint_best.pt)."""
+    n = cfg["average_last"]
+    return ["fairseq-plugins-average-checkpoints", str(run_dir), "--last", str(n), "--output",
+            str(checkpoint_path(cfg, run_dir))] if n else []
+
+
+def checkpoint_for(cfg, run_dir: Path) -> Path:
+    """The row's checkpoint in its run, averaged first (once) when the row averages."""
+    averaged = checkpoint_path(cfg, run_dir)
+    if cfg["average_last"] and not averaged.exists():
         import torch  # here: the dry runs of the table scripts need no torch
 
         from .average_checkpoints import average, last_checkpoints
 
-        paths = last_checkpoints(run_dir, n)
+        paths = last_checkpoints(run_dir, cfg["average_last"])
         print("averaging " + ", ".join(p.name for p in paths), flush=True)
         torch.save(average(paths), averaged)
     return averaged
 
 
+def row_checkpoints(cfg, runs_dir: Path, given: List[Path]) -> List[Path]:
+    """What a row scores: the checkpoints given (one, or one per seed), else its runs' under ``runs_dir``
+    by run key (every seed's for classifiers and taggers, the last seed's for the other tasks)."""
+    runs = seed_configs(cfg)
+    every_seed = cfg["task"].get("task") in evaluate_classification.TASKS
+    wanted = len(runs) if every_seed else 1
+    if given:
+        if len(given) != wanted:
+            each = "one per seed" if wanted > 1 else "one"
+            raise ConfigError(f"{cfg['name']} scores {wanted} checkpoint(s) ({each}), got --checkpoint "
+                              f"{len(given)} time(s); or give none to use {runs_dir}/<run key>")
+        return list(given)
+    return [checkpoint_path(run, runs_dir / run_key(run)) for run in (runs if every_seed else runs[-1:])]
+
+
+def check_checkpoint(cfg, checkpoint: Path) -> None:
+    """Refuse a checkpoint that is not the row's model: another architecture, or another number of
+    classes (a classifier scored against the wrong label set reads as a low accuracy, not an error)."""
+    import torch
+
+    def field(section, name):  # fairseq saves a section as a dict, a DictConfig or (legacy models) a Namespace
+        return section.get(name) if hasattr(section, "get") else getattr(section, name, None)
+
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=True)
+    saved = state.get("cfg") or {}
+    model, task = field(saved, "model") or {}, field(saved, "task") or {}
+    arch = field(model, "arch") or field(model, "_name") or getattr(state.get("args"), "arch", None)
+    if arch is not None and arch != cfg["arch"]:
+        raise ConfigError(f"{checkpoint} is a {arch} model; {cfg['table']}:{cfg['id']} scores {cfg['arch']}")
+    wanted, classes = cfg["task"].get("num-classes"), field(task, "num_classes")
+    if wanted is not None and classes not in (None, wanted):
+        raise ConfigError(f"{checkpoint} was trained with {classes} classes; {cfg['table']}:{cfg['id']} has {wanted}")
+
+
+def generate_command(cfg, data: Path, checkpoint: Path, subset: str, cpu: bool, extra: List[str] = (),
+                     tools: Optional[Tools] = None) -> List[str]:
+    return [(tools or Tools())("fairseq-generate"), str(data), "--path", str(checkpoint), "--gen-subset", subset,
+            "--remove-bpe", *generate_flags(cfg), *(["--cpu"] if cpu else []), *extra]
+
+
 def generate(cfg, data: Path, checkpoint: Path, subset: str, cpu: bool, extra: List[str] = ()) -> str:
-    exe = shutil.which("fairseq-generate")
-    if exe is None:
-        raise RuntimeError("fairseq-generate not found on PATH: install fairseq with fairseq-plugins-install-fairseq")
-    cmd = [exe, str(data), "--path", str(checkpoint), "--gen-subset", subset, "--remove-bpe",
-           *generate_flags(cfg), *(["--cpu"] if cpu else []), *extra]
+    cmd = generate_command(cfg, data, checkpoint, subset, cpu, extra)
     print(" ".join(cmd), file=sys.stderr, flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -125,24 +175,28 @@ def generate(cfg, data: Path, checkpoint: Path, subset: str, cpu: bool, extra: L
     return proc.stdout
 
 
-def evaluate(cfg, data: Path, checkpoint: Path, subset: str, results_dir: Path, extra: List[str] = ()) -> dict:
+def evaluate(cfg, data: Path, checkpoints: List[Path], subset: str, results_dir: Path, extra: List[str] = ()) -> dict:
+    """Score a row's checkpoints (``row_checkpoints``) and write ``results/<table>/<row id>.json``."""
+    for checkpoint in checkpoints:
+        check_checkpoint(cfg, checkpoint)
+    if cfg["task"].get("task") in evaluate_classification.TASKS:
+        return evaluate_classification.evaluate(cfg, data, checkpoints, subset, results_dir)
+    (checkpoint,) = checkpoints
     if cfg["task"].get("task") == "language_modeling":
         from . import evaluate_lm
 
         return evaluate_lm.evaluate(cfg, data, checkpoint, subset, results_dir, extra, cpu=local_devices() == 0)
-    if cfg["task"].get("task") in evaluate_classification.TASKS:  # every seed's run of the same checkpoint name
-        runs = [checkpoint.parent.parent / run_key(c) / checkpoint.name for c in seed_configs(cfg)]
-        return evaluate_classification.evaluate(cfg, data, runs if cfg.get("seeds") else [checkpoint], subset,
-                                                results_dir)
     out = generate(cfg, data, checkpoint, subset, cpu=local_devices() == 0, extra=extra)
     work = results_dir / cfg["name"]
     work.mkdir(parents=True, exist_ok=True)
     (work / f"generate-{subset}.txt").write_text(out, encoding="utf-8")
     result = {"config": cfg["name"], "table": cfg["table"], "row": cfg["row"], "column": cfg["column"],
-              "run": checkpoint.parent.name, "checkpoint": str(checkpoint), "subset": subset,
+              "run": checkpoint.parent.name, "checkpoint": str(checkpoint), "data": str(data), "subset": subset,
               "target_context": target_context(cfg, extra),
               **score(out, data, subset, work, cfg.get("sacrebleu_tokenize"))}
-    (results_dir / f"{cfg['name']}.json").write_text(json.dumps(result, indent=2) + "\n")
+    out_json = results_dir / f"{cfg['name']}.json"
+    out_json.parent.mkdir(parents=True, exist_ok=True)
+    out_json.write_text(json.dumps(result, indent=2) + "\n")
     context = f"; target context: {result['target_context']}" if result["target_context"] else ""
     print(f"{cfg['name']} on {result['test_set']}{context}\n"
           f"  SacreBLEU {result['sacrebleu']:.2f}  {result['sacrebleu_signature']}\n"
@@ -155,19 +209,28 @@ def main(argv=None) -> dict:
 
     ours, extra = split_passthrough(argv)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("config", type=Path)
+    p.add_argument("config", metavar="ROW", help="TABLE:ROW_ID, e.g. bpt-table7:bpt-k4 (TABLE: an id or a table file)")
     p.add_argument("--data", type=Path, help="data-bin directory (default: data-bin/<corpus>)")
-    p.add_argument("--runs-dir", type=Path, default=Path("runs"))
-    p.add_argument("--checkpoint", type=Path, help="default: the run's averaged (or best) checkpoint")
-    p.add_argument("--subset", default="test")
-    p.add_argument("--results-dir", type=Path, default=Path("results"))
+    p.add_argument("--runs-dir", type=Path, default=Path("runs"),
+                   help="where the row's runs are, by run key (when no --checkpoint is given)")
+    p.add_argument("--checkpoint", type=Path, action="append", default=[],
+                   help="the checkpoint to score, used as given; a row with seeds: once per seed")
+    p.add_argument("--subset", default="test", help="the split to score")
+    p.add_argument("--results-dir", type=Path, default=Path("results"), help="results/<table>/<row id>.json")
     args = p.parse_args(ours)
-    cfg = load_config(args.config)
-    data = args.data or default_data_dir(cfg)
-    checkpoint = args.checkpoint or checkpoint_for(cfg, args.runs_dir / run_key(seed_configs(cfg)[-1]))
-    if not checkpoint.exists():
-        sys.exit(f"{checkpoint} does not exist: train first (fairseq-plugins-train {args.config})")
-    return evaluate(cfg, data, checkpoint, args.subset, args.results_dir, extra)
+    try:
+        cfg = load_config(args.config)
+        given = row_checkpoints(cfg, args.runs_dir, args.checkpoint)
+        data = args.data or default_data_dir(cfg)
+        if not args.checkpoint:
+            run_dirs = [c.parent for c in given]
+            given = [checkpoint_for(cfg, d) if d.is_dir() else c for c, d in zip(given, run_dirs)]
+        missing = [str(c) for c in given if not c.exists()]
+        if missing:
+            raise ConfigError(f"{', '.join(missing)} does not exist: train first (fairseq-plugins-train {args.config})")
+        return evaluate(cfg, data, given, args.subset, args.results_dir, extra)
+    except (ConfigError, MissingTool) as err:
+        sys.exit(f"fairseq-plugins-evaluate: {err}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Score sentence classifiers and taggers on a test set: accuracy, or CoNLL span F1.
 
-    fairseq-plugins-evaluate configs/bpt/table1_bpt_sst5.yaml     # every seed's run, mean and deviation
+    fairseq-plugins-evaluate bpt-table1:bpt-sst5     # every seed's run, mean and deviation
 
 ``fairseq-plugins-evaluate`` sends configs whose task is ``sentence_prediction`` or
 ``sequence_tagging`` here. The checkpoint is loaded with its task over the prepared data-bin,
@@ -126,7 +126,7 @@ def summarize(per_run: List[Dict[str, float]]) -> Dict[str, float]:
 
 
 def evaluate(cfg, data: Path, checkpoints: List[Path], subset: str, results_dir: Path) -> dict:
-    """Score each run's checkpoint and write ``results/<config>.json`` (mean, deviation, runs)."""
+    """Score each run's checkpoint and write ``results/<table>/<row>.json`` (mean, deviation, runs)."""
     options = dict(cfg.get("evaluate") or {})
     unknown = set(options) - set(EVALUATE_OPTIONS)
     if unknown:
@@ -135,7 +135,7 @@ def evaluate(cfg, data: Path, checkpoints: List[Path], subset: str, results_dir:
     shift = int(options.get("shift", 0))
     per_run = [score_checkpoint(c, data, subset, shift=shift) for c in checkpoints]
     summary = summarize(per_run)
-    where = f"{cfg['data']} {subset} (prepared by fairseq-plugins-prepare-data)"
+    where = f"{cfg['data']} {subset} from {data}"
     if shift:
         where += f", shifted by {shift} zero-embedding placeholders"
     result = {"config": cfg["name"], "table": cfg["table"], "row": cfg["row"], "column": cfg["column"],
@@ -144,7 +144,7 @@ def evaluate(cfg, data: Path, checkpoints: List[Path], subset: str, results_dir:
     for metric in per_run[0]:  # what results_table prints beside the number
         spread = f", standard deviation {summary[metric + '_std']:.2f}" if len(per_run) > 1 else ""
         result[f"{metric}_signature"] = f"mean of {len(per_run)} run(s){spread}"
-    out = results_dir / f"{cfg['name']}.json"  # a config's name keeps its folders (classification/bpt/...)
+    out = results_dir / f"{cfg['name']}.json"  # results/<table>/<row id>.json
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"{cfg['name']} on {where}: " + ", ".join(

@@ -20,14 +20,14 @@ column).
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 from .config import USER_DIR, to_flags
 from .data.language_modeling import CORPORA
+from .tools import Tools
 
 _LOSS = re.compile(r"Loss \(base 2\): ([0-9.]+), Perplexity: ([0-9.]+)")
 _TOKENS = re.compile(r"Evaluated ([0-9,]+) tokens in ([0-9.]+)s")
@@ -54,15 +54,19 @@ def parse(output: str) -> dict:
             "tokens_per_second": count / max(float(tokens.group(2)), 1e-9)}
 
 
+def eval_lm_command(cfg, data: Path, checkpoint: Path, subset: str, cpu: bool = False, extra: List[str] = (),
+                    tools: Optional[Tools] = None) -> List[str]:
+    """The fairseq-eval-lm command that scores a row (the row's ``evaluate: {subset}`` wins over ``subset``)."""
+    subset = cfg["evaluate"].get("subset", subset)
+    return [(tools or Tools())("fairseq-eval-lm"), str(data), "--path", str(checkpoint), *eval_lm_flags(cfg, subset),
+            *(["--cpu"] if cpu else []), *extra]
+
+
 def evaluate(cfg, data: Path, checkpoint: Path, subset: str, results_dir: Path, extra: List[str] = (),
              cpu: bool = False) -> dict:
-    exe = shutil.which("fairseq-eval-lm")
-    if exe is None:
-        raise RuntimeError("fairseq-eval-lm not found on PATH: install fairseq with fairseq-plugins-install-fairseq")
+    cmd = eval_lm_command(cfg, data, checkpoint, subset, cpu, extra)
     subset = cfg["evaluate"].get("subset", subset)
     metric = metric_of(cfg)
-    cmd = [exe, str(data), "--path", str(checkpoint), *eval_lm_flags(cfg, subset), *(["--cpu"] if cpu else []),
-           *extra]
     print(" ".join(cmd), file=sys.stderr, flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -74,9 +78,9 @@ def evaluate(cfg, data: Path, checkpoint: Path, subset: str, results_dir: Path, 
     signature = (f"fairseq-eval-lm, {scores['tokens']:,} tokens ({CORPORA[cfg['data']].unit}, </s> counted), "
                  f"blocks of {length}" + (f", {window} tokens of context" if window else ", non-overlapping"))
     result = {"config": cfg["name"], "table": cfg["table"], "row": cfg["row"], "column": cfg["column"],
-              "run": checkpoint.parent.name, "checkpoint": str(checkpoint), "subset": subset,
+              "run": checkpoint.parent.name, "checkpoint": str(checkpoint), "data": str(data), "subset": subset,
               "test_set": f"{cfg['data']} {subset}", metric: value, f"{metric}_signature": signature, **scores}
-    out = results_dir / f"{cfg['name']}.json"  # a config's name keeps its folder (lm/...)
+    out = results_dir / f"{cfg['name']}.json"  # results/<table>/<row id>.json
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"{cfg['name']} on {result['test_set']}: {metric} {value:.4f}  ({signature})", flush=True)

@@ -3,10 +3,11 @@
     fairseq-plugins-results-table bpt-table7 [--results-dir results] [--out results/bpt-table7.md]
 
 Row order, columns and the rows we do not rerun (prior work, unimplemented ablations)
-come from ``configs/tables.yaml``; our numbers from ``results/<config>.json``
-(written by fairseq-plugins-evaluate). Missing results show as "-". Each row's notes give the test set
-and the sacrebleu signature of each of our numbers, and mark document-level numbers that were not
-made with the model's own context (the oracle reference context, or same-pass decoding).
+come from the table's file (``configs/<paper>/<table>.yaml``); our numbers from
+``results/<table>/<row id>.json`` (written by fairseq-plugins-evaluate). Missing results show as
+"-". Each row's notes give the test set and the sacrebleu signature of each of our numbers, and
+mark document-level numbers that were not made with the model's own context (the oracle
+reference context, or same-pass decoding).
 """
 
 import argparse
@@ -14,7 +15,7 @@ import json
 from pathlib import Path
 from typing import List
 
-from .config import all_configs, load_tables
+from .config import load_table, load_tables
 
 METRIC_NAMES = {"sacrebleu": "SacreBLEU", "tokenized": "tok. BLEU", "bpc": "bpc", "ppl": "ppl", "accuracy": "Acc.",
                 "f1": "F1"}
@@ -28,16 +29,14 @@ def _fmt(x) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
-def table_configs(table_id: str, configs=None) -> List[dict]:
-    tables = load_tables()
-    if table_id not in tables:
-        raise KeyError(f"unknown table {table_id!r}; known: {', '.join(tables)}")
-    return [c for c in (configs if configs is not None else all_configs()) if c["table"] == table_id]
+def table_configs(table_id: str) -> List[dict]:
+    """The resolved rows of a table (an id or a table file)."""
+    return load_table(table_id)["configs"]
 
 
-def render(table_id: str, results_dir: Path, configs=None) -> str:
-    spec = load_tables()[table_id]
-    cells = {(c["row"], c["column"]): c for c in table_configs(table_id, configs)}
+def render(table_id: str, results_dir: Path) -> str:
+    spec = load_table(table_id)
+    cells = {(c["row"], c["column"]): c for c in spec["configs"]}
     metrics = [spec["metric"], *spec.get("extra_metrics", [])]
     header = ["Model"]
     for col in spec["columns"]:
@@ -79,14 +78,14 @@ def render(table_id: str, results_dir: Path, configs=None) -> str:
         lines.append("| " + " | ".join([row, *values, "; ".join(notes)]) + " |")
     stray = {r for r, _ in cells} - labelled
     if stray:
-        raise ValueError(f"{table_id}: configs with rows not in tables.yaml: {sorted(stray)}")
+        raise ValueError(f"{table_id}: rows not in the table's order: {sorted(stray)}")
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> str:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("table", choices=sorted(load_tables()))
-    p.add_argument("--results-dir", type=Path, default=Path("results"))
+    p.add_argument("table", choices=sorted(load_tables()), help="the table's id")
+    p.add_argument("--results-dir", type=Path, default=Path("results"), help="where fairseq-plugins-evaluate wrote")
     p.add_argument("--out", type=Path, help="default: <results-dir>/<table>.md")
     args = p.parse_args(argv)
     text = render(args.table, args.results_dir)
