@@ -3,10 +3,11 @@
 ``fairseq-eval-lm`` prints the mean loss per token in base 2 over the subset's tokens, every
 line's ``</s>`` included (``Loss (base 2): ...``). That is the result's unit:
 
-* enwik8, text8: bits per character (``bpc``); a token is a byte (enwik8) or a character
-  (text8), the newline byte / the line-cutting space is the ``</s>``
+* enwik8, text8, text: bits per character (``bpc``); a token is a byte (enwik8) or a
+  character (text8), the newline one of them, and ``</s>`` ends a document only
   (``fairseq_plugins.recipes.data.language_modeling``), so the mean is over the split's
-  characters (plus one ``</s>`` at the split's end).
+  characters (the test split: plus the corpus's final ``</s>``). A data-bin of the earlier
+  format (the newline as ``</s>``) is refused with the reason.
 * PTB, WikiText-2: perplexity (``ppl`` = 2 ** loss) over words and ``</s>``.
 
 Evaluation context: the config's ``evaluate:`` section holds fairseq-eval-lm's flags. With
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import List
 
 from .config import USER_DIR, to_flags
-from .data.language_modeling import CORPORA
+from .data.language_modeling import CORPORA, check_format
 
 _LOSS = re.compile(r"Loss \(base 2\): ([0-9.]+), Perplexity: ([0-9.]+)")
 _TOKENS = re.compile(r"Evaluated ([0-9,]+) tokens in ([0-9.]+)s")
@@ -61,6 +62,7 @@ def evaluate(cfg, data: Path, checkpoint: Path, subset: str, results_dir: Path, 
         raise RuntimeError("fairseq-eval-lm not found on PATH: install fairseq with fairseq-plugins-install-fairseq")
     subset = cfg["evaluate"].get("subset", subset)
     metric = metric_of(cfg)
+    check_format(data)
     cmd = [exe, str(data), "--path", str(checkpoint), *eval_lm_flags(cfg, subset), *(["--cpu"] if cpu else []),
            *extra]
     print(" ".join(cmd), file=sys.stderr, flush=True)
