@@ -36,7 +36,7 @@ def test_train_eval_lm_sample(enwik8_bin, tiny_lm, tmp_path, arch):
         result = evaluate(cfg, enwik8_bin, checkpoint, "test", tmp_path / "results")
         saved = json.loads((tmp_path / "results" / "lm" / "tiny_bpt_lm.json").read_text())
         assert saved["bpc"] == result["bpc"] == pytest.approx(sliding["loss_base2"])
-        assert "48 tokens of context" in saved["bpc_signature"] and saved["tokens"] == HELDOUT
+        assert "48 tokens of context" in saved["bpc_signature"] and saved["tokens"] == HELDOUT + 1
 
     out = run_cli("fairseq-generate", enwik8_bin, "--user-dir", USER_DIR, "--task", "language_modeling",
                   "--path", checkpoint, "--gen-subset", "test", "--tokens-per-sample", "16", "--sampling",
