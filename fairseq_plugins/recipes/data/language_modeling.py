@@ -75,7 +75,7 @@ def _dictionary(train: np.ndarray):
     for value in np.flatnonzero(counts):
         dictionary.add_symbol(str(value), n=int(counts[value]))
     dictionary.finalize(padding_factor=8)
-    table = np.full(len(counts), dictionary.unk(), dtype=np.int64)
+    table = np.full(len(counts), dictionary.unk(), dtype=np.int32)
     for value in np.flatnonzero(counts):
         table[value] = dictionary.index(str(value))
     return dictionary, table
@@ -95,7 +95,7 @@ def binarize_documents(documents: Sequence[np.ndarray], out: Path, heldout: int)
     """The documents' symbols, one stream with ``</s>`` after each document, split by
     ``heldout`` and written as a data-bin under ``out``: per split, its symbols, the ``</s>``
     it holds and the symbols unseen in train (``<unk>``)."""
-    stream = np.concatenate([np.asarray(d, dtype=np.int64) for d in documents])
+    stream = np.concatenate([np.asarray(d, dtype=np.int32) for d in documents])  # 4 bytes a symbol (enwik8: 400 MB)
     ends = np.cumsum([len(d) for d in documents])
     bounds = heldout_bounds(len(stream), heldout)
     dictionary, table = _dictionary(stream[slice(*bounds["train"])])
