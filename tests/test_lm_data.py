@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fairseq_plugins.data import character_tokens
-from fairseq_plugins.recipes import prepare_data
+from fairseq_plugins.recipes import evaluate_lm, prepare_data
 from fairseq_plugins.recipes.data import language_modeling
 
 LM = Path(__file__).resolve().parent / "fixtures" / "lm"
@@ -120,6 +120,9 @@ def test_an_earlier_character_data_bin_is_refused_with_the_reason(tmp_path):
     (old / "prep.json").write_text(json.dumps({"corpus": "enwik8", "unit": "bytes", "metric": "bpc"}))
     with pytest.raises(ValueError, match="newline as </s>.*prepare it again"):
         language_modeling.check_format(old)
+    cfg = {"name": "lm/x", "data": "enwik8", "evaluate": {}, "task": {}}
+    with pytest.raises(ValueError, match="newline as </s>"):  # fairseq-plugins-evaluate, before fairseq-eval-lm
+        evaluate_lm.evaluate(cfg, old, old / "checkpoint_best.pt", "test", tmp_path / "results")
     (old / "prep.json").write_text(json.dumps({"format": language_modeling.FORMAT, "unit": "bytes"}))
     language_modeling.check_format(old)
 
