@@ -25,9 +25,10 @@ def prepare_enwik8(out: Path) -> Path:
                               "--heldout-chars", str(HELDOUT)])
 
 
-def train_lm(data: Path, save: Path, arch: str) -> Path:
-    """A tiny ``arch`` trained 8 updates on ``data``; returns ``save`` (checkpoint_last.pt)."""
+def train_lm(data: Path, save: Path, arch: str, updates: int = 8, lr: float = 0.003) -> Path:
+    """A tiny ``arch`` trained ``updates`` updates on ``data``; returns ``save`` (checkpoint_last.pt)."""
     run_cli("fairseq-train", data, "--user-dir", USER_DIR, "--task", "language_modeling", "--arch", arch,
-            *TINY, *ARCHS[arch], "--max-tokens", "512", "--optimizer", "adam", "--lr", "0.003", "--max-update", "8",
+            *TINY, *ARCHS[arch], "--max-tokens", "512", "--optimizer", "adam", "--lr", str(lr),
+            "--max-update", str(updates),
             "--save-dir", save, "--no-epoch-checkpoints", "--cpu", "--num-workers", "0", "--seed", "1")
     return save

@@ -190,7 +190,7 @@ def test_language_model_part_trains_both_models_in_alternating_rounds(tmp_path):
     vocab = len((tmp_path / "lm" / "data-bin" / "dict.txt").read_text().splitlines())
     for row in result["rows"]:
         assert [r["updates_done"] for r in row["rounds"]] == [2, 4]  # the second round resumed the first's
-        assert row["test_tokens"] == 2048  # one token per character of the test split
+        assert row["test_tokens"] == 2048 + 1  # one token per character of the test split, and the final </s>
         assert 0 < row["bpc"] < math.log2(vocab)  # below the uniform distribution's bits
         assert len(row["speed_vs_baseline_per_round"]) == 2 and row["tokens_per_second"] > 0
     assert result["rows"][0]["speed_vs_baseline_per_round"] == [1.0, 1.0]

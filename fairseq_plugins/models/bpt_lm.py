@@ -69,15 +69,20 @@ def bpt_lm(args):
     base_lm_architecture(args)
 
 
-def _bpt_paper_lm(args):
+def bpt_paper_sizes(args):
     """BPT Table 9 (enwik8 and text8 alike): 12 layers, d 512, FFN 2048, 8 heads, dropout 0.1 on
-    embeddings, hidden layers and attention weights; k 64, clip 6."""
+    embeddings, hidden layers and attention weights (also the sizes of Figure 5's window baseline)."""
     args.decoder_layers = safe_getattr(args, "decoder_layers", 12)
     args.decoder_embed_dim = safe_getattr(args, "decoder_embed_dim", 512)
     args.decoder_ffn_embed_dim = safe_getattr(args, "decoder_ffn_embed_dim", 2048)
     args.decoder_attention_heads = safe_getattr(args, "decoder_attention_heads", 8)
     args.dropout = safe_getattr(args, "dropout", 0.1)
     args.attention_dropout = safe_getattr(args, "attention_dropout", 0.1)
+
+
+def _bpt_paper_lm(args):
+    """BPT Table 9's sizes with k 64, clip 6."""
+    bpt_paper_sizes(args)
     bpt_lm(args)
 
 
@@ -92,12 +97,11 @@ def segtree_lm(args):
     base_lm_architecture(args)
 
 
-@register_model_architecture("segtree_lm", "segtree_lm_ptb")
-def segtree_lm_ptb(args):
+def segtree_paper_sizes(args):
     """SegTree paper section 3.1 (PTB and WikiText-2 alike): embedding and hidden size 320, FFN
     1024, tied input/output embeddings, 6 layers (the tables run 3-6). Heads are not given: 8
     (head dim 40) is ours. The paper's dropout is 0.5 on embeddings/output and 0.1 inside;
-    fairseq has one rate for both: 0.3 is ours."""
+    fairseq has one rate for both: 0.3 is ours. (Also the sizes of Table 1's transformer.)"""
     args.decoder_layers = safe_getattr(args, "decoder_layers", 6)
     args.decoder_embed_dim = safe_getattr(args, "decoder_embed_dim", 320)
     args.decoder_ffn_embed_dim = safe_getattr(args, "decoder_ffn_embed_dim", 1024)
@@ -105,6 +109,12 @@ def segtree_lm_ptb(args):
     args.share_decoder_input_output_embed = safe_getattr(args, "share_decoder_input_output_embed", True)
     args.dropout = safe_getattr(args, "dropout", 0.3)
     args.attention_dropout = safe_getattr(args, "attention_dropout", 0.1)
+
+
+@register_model_architecture("segtree_lm", "segtree_lm_ptb")
+def segtree_lm_ptb(args):
+    """SegTree Table 1's sizes with the SegTree graph."""
+    segtree_paper_sizes(args)
     segtree_lm(args)
 
 

@@ -18,6 +18,7 @@ from fairseq.models.transformer_lm import TransformerLanguageModel, TransformerL
 from fairseq.utils import safe_getattr
 from torch import Tensor
 
+from fairseq_plugins.models.bpt_lm import bpt_paper_sizes
 from fairseq_plugins.models.model_options import add_config_args, check_at_least, lm_max_positions
 from fairseq_plugins.models.plugin_model import PluginModel
 
@@ -81,3 +82,10 @@ class WindowLanguageModel(PluginModel, TransformerLanguageModel):
 def window_lm(args):
     args.attention_window = safe_getattr(args, "attention_window", 64)
     base_lm_architecture(args)
+
+
+@register_model_architecture("window_lm", "window_lm_enwik8")
+def window_lm_enwik8(args):
+    """BPT Figure 5's restricted transformer: the sizes of ``bpt_lm_enwik8`` (BPT Table 9)."""
+    bpt_paper_sizes(args)
+    window_lm(args)

@@ -3,10 +3,11 @@
 ``fairseq-eval-lm`` prints the mean loss per token in base 2 over the subset's tokens, every
 line's ``</s>`` included (``Loss (base 2): ...``). That is the result's unit:
 
-* enwik8, text8: bits per character (``bpc``); a token is a byte (enwik8) or a character
-  (text8), the newline byte / the line-cutting space is the ``</s>``
+* enwik8, text8, text: bits per character (``bpc``); a token is a byte (enwik8) or a
+  character (text8), the newline one of them, and ``</s>`` ends a document only
   (``fairseq_plugins.recipes.data.language_modeling``), so the mean is over the split's
-  characters (plus one ``</s>`` at the split's end).
+  characters (the test split: plus the corpus's final ``</s>``). A data-bin of the earlier
+  format (the newline as ``</s>``) is refused with the reason.
 * PTB, WikiText-2: perplexity (``ppl`` = 2 ** loss) over words and ``</s>``.
 
 Evaluation context: the config's ``evaluate:`` section holds fairseq-eval-lm's flags. With
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from .config import USER_DIR, to_flags
-from .data.language_modeling import CORPORA
+from .data.language_modeling import CORPORA, check_format
 from .tools import Tools
 
 _LOSS = re.compile(r"Loss \(base 2\): ([0-9.]+), Perplexity: ([0-9.]+)")
@@ -67,6 +68,7 @@ def evaluate(cfg, data: Path, checkpoint: Path, subset: str, results_dir: Path, 
     cmd = eval_lm_command(cfg, data, checkpoint, subset, cpu, extra)
     subset = cfg["evaluate"].get("subset", subset)
     metric = metric_of(cfg)
+    check_format(data)
     print(" ".join(cmd), file=sys.stderr, flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -11,9 +11,10 @@ running interpreter (its text changes a little between Python versions: the vers
 text's sha256 are recorded). Topics are joined in sorted order; the last ``2 x --heldout-chars``
 characters are valid then test.
 
-One token per character (its code point, so that no character needs escaping), the newline is
-fairseq's ``</s>``: ``fairseq-eval-lm``'s loss in base 2 over the test split is bits per
-character, every character counted once (a split not ending in a newline has one ``</s>`` more).
+One token per character (its code point, so that no character needs escaping; the newline is a
+character like the others, ``fairseq_plugins.data.character_tokens``), one ``</s>`` at the end
+of the text: ``fairseq-eval-lm``'s loss in base 2 over the test split is bits per character,
+every character counted once (plus that ``</s>``).
 
 Both models train with ``fairseq-train`` for the same ``--updates`` on the same batches
 (``--tokens-per-sample`` characters per sequence, ``--max-tokens`` per update), in ``--rounds``
@@ -38,8 +39,9 @@ from pathlib import Path
 from typing import Dict, List
 
 from .config import USER_DIR
-from .data.binarize import fairseq_preprocess_only_source
-from .data.language_modeling import SPLITS, split_heldout
+from fairseq_plugins.data import character_tokens
+
+from .data import language_modeling
 from .evaluate_lm import parse as parse_eval_lm
 from .train_log import model_params, progress
 
@@ -54,41 +56,29 @@ def python_docs_text() -> str:
     return "\n\n".join(topics[name].strip("\n") for name in sorted(topics)) + "\n"
 
 
-def codepoint_lines(text: str):
-    """Each line's characters as their decimal code points; the newline is the line's end."""
-    lines = text.split("\n")
-    if text.endswith("\n"):
-        lines.pop()  # the last newline ends the last line
-    for line in lines:
-        yield " ".join(str(ord(c)) for c in line)
-
-
 def prepare_corpus(out: Path, heldout_chars: int) -> Path:
-    """Write the character text, ``prep.json`` and the binarized splits under ``out`` (reused)."""
-    if (out / "prep.json").exists() and json.loads((out / "prep.json").read_text())["heldout"] == heldout_chars:
-        return out
+    """Write the data-bin and ``prep.json`` under ``out`` (reused if of this format and size)."""
+    prep = out / "prep.json"
+    if prep.exists():
+        meta = json.loads(prep.read_text())
+        if meta["heldout"] == heldout_chars and meta.get("format") == language_modeling.FORMAT:
+            return out
     text = python_docs_text()
-    text_dir = out / "text"
-    text_dir.mkdir(parents=True, exist_ok=True)
-    sizes = {}
-    for split, part in split_heldout(text, heldout_chars).items():
-        (text_dir / f"{split}.txt").write_text("".join(line + "\n" for line in codepoint_lines(part)),
-                                               encoding="utf-8")
-        sizes[split] = len(part)
-    fairseq_preprocess_only_source(text_dir, out, SPLITS)
-    meta = {"corpus": CORPUS, "python": sys.version.split()[0], "unit": "characters", "metric": "bpc",
-            "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(), "symbols": sizes, "heldout": heldout_chars}
-    (out / "prep.json").write_text(json.dumps(meta, indent=2) + "\n")
+    counts = language_modeling.binarize_documents([character_tokens.symbols(text, "characters")], out, heldout_chars)
+    language_modeling.write_prep(out, {
+        "corpus": CORPUS, "python": sys.version.split()[0], "unit": "characters", "metric": "bpc",
+        "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(), "heldout": heldout_chars,
+        "symbols": {split: c["symbols"] for split, c in counts.items()}})
     return out
 
 
 def model_flags(args) -> Dict[str, List[str]]:
-    """The two models: the same sizes, both pre-norm; BPT with its relative positions only."""
+    """The two models: the same sizes, both pre-norm (``transformer_lm_matched``); BPT with its
+    relative positions only."""
     size = ["--decoder-layers", str(args.layers), "--decoder-embed-dim", str(args.dim),
-            "--decoder-input-dim", str(args.dim), "--decoder-output-dim", str(args.dim),
             "--decoder-ffn-embed-dim", str(4 * args.dim), "--decoder-attention-heads", str(args.heads),
             "--dropout", str(args.dropout)]
-    return {BASELINE: ["--arch", "transformer_lm", *size, "--decoder-normalize-before"],
+    return {BASELINE: ["--arch", "transformer_lm_matched", *size],
             f"bpt_lm k{args.k}": ["--arch", "bpt_lm", *size, "--graph-k", str(args.k),
                                   "--graph-attention-backend", args.backend]}
 

@@ -4,6 +4,7 @@
     fairseq-plugins-prepare-data multi30k-en-de --raw-dir ../shared/data/multi30k --out data-bin/multi30k
     fairseq-plugins-prepare-data sst5-phrases --out data-bin/sst5-phrases    # classification: word level, no BPE
     fairseq-plugins-prepare-data enwik8 --out data-bin/enwik8     (also text8, ptb, wikitext-2)
+    fairseq-plugins-prepare-data text --raw-dir my_text.txt --out data-bin/my_text   # your own text (or a folder)
 
 Without ``--raw-dir`` the raw training files are downloaded from their public sources into
 ``--cache-dir``; with it, the raw files (extracted, gzipped or still in their archives)
@@ -46,8 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prepare a corpus with fewer training pairs than the paper trained on (e.g. wmt17-zh-en "
                         "without the UN and CWMT corpora); the pair count is recorded beside every score")
     p.add_argument("--no-binarize", action="store_true", help="stop before fairseq-preprocess")
-    p.add_argument("--heldout-chars", type=int, default=language_modeling.HELDOUT_CHARS,
-                   help="enwik8/text8: symbols in each of valid and test (default: the standard 5M)")
+    p.add_argument("--heldout-chars", type=int,
+                   help="enwik8/text8/text: symbols in each of valid and test (default: the standard 5M; "
+                        "text: 1/20 of the text each)")
+    p.add_argument("--unit", choices=language_modeling.character_tokens.UNITS,
+                   help="text: one token per character (default) or per UTF-8 byte")
     return p
 
 
@@ -68,7 +72,7 @@ def check_training_size(corpus: str, pairs: int, recipe, allowed: bool) -> None:
 
 def main(argv=None) -> Path:
     args = build_parser().parse_args(argv)
-    if args.raw_dir is not None and not args.raw_dir.is_dir():
+    if args.raw_dir is not None and not args.raw_dir.is_dir() and args.corpus != "text":
         sys.exit(f"--raw-dir {args.raw_dir} is not a directory")
     if args.corpus in classification.CORPORA:  # word-level sentence_prediction / sequence_tagging layout
         try:
@@ -81,8 +85,12 @@ def main(argv=None) -> Path:
         if given:
             sys.exit(f"{args.corpus} is a language-modelling corpus: "
                      f"{', '.join('--' + n.replace('_', '-') for n in given)} do not apply")
-        return language_modeling.prepare(args.corpus, args.raw_dir, args.cache_dir, args.out, workers=args.workers,
-                                         binarize=not args.no_binarize, heldout_chars=args.heldout_chars)
+        try:
+            return language_modeling.prepare(args.corpus, args.raw_dir, args.cache_dir, args.out, workers=args.workers,
+                                             binarize=not args.no_binarize, heldout_chars=args.heldout_chars,
+                                             unit=args.unit)
+        except ValueError as err:
+            sys.exit(f"{args.corpus}: {err}")
     splits, recipe = CORPORA[args.corpus](args.raw_dir, args.cache_dir, args.extra_parallel)
     check_training_size(args.corpus, len(splits["train"].src), recipe, args.allow_less_training_data)
     if args.bpe_merges is not None:
