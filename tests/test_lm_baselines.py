@@ -25,12 +25,16 @@ FIGURE5 = {1: 12, 2: 17, 4: 25, 8: 40, 16: 61, 32: 93, 64: 134, 128: 181}
 def parameters(tmp_path: Path, vocab: int, arch: str, *flags):
     """(all parameters, the relative-position keys among them, pre-norm?) of ``arch`` built as
     fairseq-train builds it."""
+    return built(tmp_path, vocab, ["--user-dir", str(USER_DIR), "--task", "language_modeling", "--arch", arch,
+                                   "--tokens-per-sample", "512", *flags])
+
+
+def built(tmp_path: Path, vocab: int, flags):
+    """``parameters`` of the model that fairseq-train's ``flags`` build over a dictionary of ``vocab``."""
     data = tmp_path / f"v{vocab}"
     data.mkdir(exist_ok=True)
     (data / "dict.txt").write_text("".join(f"s{i} 1\n" for i in range(vocab - 4)))
-    args = options.parse_args_and_arch(options.get_training_parser(), [
-        str(data), "--user-dir", str(USER_DIR), "--task", "language_modeling", "--arch", arch,
-        "--tokens-per-sample", "512", *flags])  # fmt: skip
+    args = options.parse_args_and_arch(options.get_training_parser(), [str(data), *flags])
     with torch.device("meta"):
         model = tasks.setup_task(args).build_model(args)
     named = dict(model.named_parameters())
@@ -78,3 +82,33 @@ def test_segtree_table1_pairs(tmp_path, layers):
     for vocab, corpus in ((PTB, "ptb"), (WIKITEXT2, "wikitext2")):
         check_pair(tmp_path, vocab, [f"segtree_lm_{corpus}", "--decoder-layers", layers],
                    [f"transformer_lm_segtree_{corpus}", "--decoder-layers", layers])
+
+
+def _table_pairs():
+    """Every (graph model, baseline) pair of rows in the LM tables that compare with a transformer:
+    BPT Figure 5's BPT and Window columns of a row, SegTree Table 1's SegTree and Vanilla-Transformer
+    rows at the same length, layers and column."""
+    from fairseq_plugins.recipes.config import load_tables
+
+    tables = load_tables()
+    figure5 = {(c["row"], c["column"]): c for c in tables["bpt-figure5"]["configs"]}
+    pairs = [(figure5[row, "BPT"], figure5[row, "Window"]) for row, column in figure5 if column == "BPT"]
+    segtree = {(c["row"], c["column"]): c for c in tables["segtree-table1"]["configs"]}
+    pairs += [(c, segtree[row.replace("SegTree-Transformer", "Vanilla-Transformer"), column])
+              for (row, column), c in segtree.items() if row.startswith("SegTree-Transformer")]
+    return pairs
+
+
+@pytest.mark.parametrize("model,baseline", _table_pairs(), ids=lambda c: c["name"])
+def test_every_compared_pair_of_the_lm_tables_has_the_same_size(tmp_path, model, baseline):
+    """The rows as the tables train them: the baseline has every parameter of the graph model but its
+    relative keys, pre-norm both; in total within 1% (BPT's k 64 and k 128: its relative keys, above)."""
+    from fairseq_plugins.recipes.config import train_flags
+
+    vocab = {"enwik8": ENWIK8, "ptb": PTB, "wikitext-2": WIKITEXT2}[model["data"]]
+    assert baseline["data"] == model["data"]
+    total, relative, prenorm = built(tmp_path, vocab, train_flags(model, world_size=1))
+    base, none, base_prenorm = built(tmp_path, vocab, train_flags(baseline, world_size=1))
+    assert prenorm and base_prenorm and none == 0 and total - relative == base
+    limit = {64: 0.0186, 128: 0.0367}.get(model["model"].get("graph-k"), 0.01)
+    assert abs(total - base) / base < limit, f"{model['name']}: {total:,} vs {baseline['name']}: {base:,}"

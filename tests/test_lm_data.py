@@ -123,8 +123,14 @@ def test_an_earlier_character_data_bin_is_refused_with_the_reason(tmp_path):
     cfg = {"name": "lm/x", "data": "enwik8", "evaluate": {}, "task": {}}
     with pytest.raises(ValueError, match="newline as </s>"):  # fairseq-plugins-evaluate, before fairseq-eval-lm
         evaluate_lm.evaluate(cfg, old, old / "checkpoint_best.pt", "test", tmp_path / "results")
+    from fairseq_plugins.recipes import reproduce_table, train
+
+    with pytest.raises(SystemExit, match="^fairseq-plugins-train: .*newline as </s>"):  # before fairseq-train
+        train.main(["bpt-table3:enwik8", "--data", str(old), "--world-size", "0"])
+    assert not reproduce_table._prepared(old)  # the reproduce command prepares it again
     (old / "prep.json").write_text(json.dumps({"format": language_modeling.FORMAT, "unit": "bytes"}))
     language_modeling.check_format(old)
+    assert reproduce_table._prepared(old)
 
 
 TEXT = "First line\nsecond line, é\n\nA third.\n" * 40  # 1,440 characters, 1,480 UTF-8 bytes

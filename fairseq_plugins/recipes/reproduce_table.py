@@ -28,6 +28,7 @@ from typing import Dict, List
 
 from . import evaluate, evaluate_classification, prepare_data, results_table, train
 from .config import ConfigError, flatten, load_table, load_tables, run_key, seed_configs
+from .data.language_modeling import check_format
 from .tools import MissingTool, Tools
 
 STAGES = ("prepare", "train", "evaluate", "table")
@@ -123,6 +124,18 @@ def evaluation_plan(cfg: Dict, data: Path, runs_dir: Path, results_dir: Path, cp
     return lines
 
 
+def _prepared(data: Path) -> bool:
+    """A data-bin prepared in the current format (an earlier character format is prepared again)."""
+    if not (data / "prep.json").exists():
+        return False
+    try:
+        check_format(data)
+    except ValueError as err:
+        print(f"  {err}", flush=True)
+        return False
+    return True
+
+
 def _runs(configs: List[Dict]) -> Dict[str, List[Dict]]:
     """Training runs by run key, each with the rows (one run per seed) it serves."""
     runs: Dict[str, List[Dict]] = {}
@@ -181,7 +194,7 @@ def _main(p: argparse.ArgumentParser, args, extra: List[str]) -> str:
         cfg = rows[0]
         data = args.data_root / cfg["data"]
         print(f"[{i}/{len(runs)}] {key}: " + ", ".join(sorted({f"{c['table']}:{c['id']}" for c in rows})), flush=True)
-        if "prepare" in stages and not (data / "prep.json").exists():
+        if "prepare" in stages and not _prepared(data):
             cmd = [cfg["data"], "--out", str(data), "--workers", str(args.workers)]
             cmd += ["--raw-dir", str(args.raw_dir)] if args.raw_dir else []
             for prefix in args.extra_parallel:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from .config import ConfigError, load_config, run_key, seed_configs, train_flags
+from .data.language_modeling import check_format
 from .tools import MissingTool, Tools
 
 PRECISIONS = ("fp32", "fp16", "bf16")  # fairseq-train: none, --fp16, --bf16 (mixed precision, GPU)
@@ -113,6 +114,10 @@ def main(argv=None) -> Path:
     data = args.data or default_data_dir(cfg)
     if not args.dry_run and not data.is_dir():
         sys.exit(f"{data} does not exist: fairseq-plugins-prepare-data {cfg['data']} --out {data}")
+    try:
+        check_format(data)
+    except ValueError as err:
+        sys.exit(f"fairseq-plugins-train: {err}")
     runs = seed_configs(cfg)
     if args.seed is not None:
         runs = [run for run in runs if run["train"].get("seed") == args.seed]
