@@ -3,21 +3,46 @@
 Each recipe's ``main(argv)`` returns its result (a path, a table, the scores) to callers in
 Python; a console command must return an exit code instead, since ``sys.exit`` prints any other
 object as an error. Each command here imports only its own recipe.
+
+An environment that is half set up (``pip install .`` without ``fairseq-plugins-install-fairseq``,
+or without an optional extra a recipe needs) gets one line naming the command that completes it,
+instead of a traceback from deep inside a recipe.
 """
 
 import importlib
-from typing import Callable
+import os
+import sys
+from typing import Callable, Sequence
+
+from ..fairseq_fixes import FairseqFixError, require_fixed
+from ..resources import MissingExtra
+
+_ANSWERED_WITHOUT_FAIRSEQ = {"-h", "--help", "--version"}
+
+
+def one_line_errors(call: Callable[[], int], argv: Sequence[str]) -> int:
+    """``call()``'s exit code; 1 and one line on stderr when the fixed fairseq or an optional
+    extra is missing (``--help`` and ``--version`` answer without fairseq)."""
+    try:
+        if not _ANSWERED_WITHOUT_FAIRSEQ & set(argv):
+            require_fixed()
+        return call()
+    except (FairseqFixError, MissingExtra) as e:
+        print(f"{os.path.basename(sys.argv[0])}: error: {e}", file=sys.stderr)
+        return 1
 
 
 def _command(recipe: str) -> Callable[[], int]:
-    def run() -> int:
+    def call() -> int:
         importlib.import_module(f"{__package__}.{recipe}").main()
         return 0
+
+    def run() -> int:
+        return one_line_errors(call, sys.argv[1:])
 
     run.__name__ = recipe
     run.__doc__ = f"Console command: ``{__package__}.{recipe}.main()``."
     return run
-
 
 prepare_data = _command("prepare_data")
 train = _command("train")

@@ -19,7 +19,6 @@ target context the translations were made with (``--target-context``). Results g
 ``results/<config name>.json``.
 """
 
-import argparse
 import json
 import shutil
 import subprocess
@@ -27,6 +26,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from ..command_line import command_parser
 from . import evaluate_classification
 from .config import generate_flags, load_config, run_key, seed_configs, target_context
 from .data.text_processing import unsegment_chinese
@@ -154,13 +154,14 @@ def main(argv=None) -> dict:
     from .train import split_passthrough
 
     ours, extra = split_passthrough(argv)
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("config", type=Path)
+    p = command_parser(description=__doc__)
+    p.add_argument("config", type=Path, help="the experiment's YAML (configs/<paper>/<row>.yaml)")
     p.add_argument("--data", type=Path, help="data-bin directory (default: data-bin/<corpus>)")
-    p.add_argument("--runs-dir", type=Path, default=Path("runs"))
+    p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where the runs were trained (default: runs)")
     p.add_argument("--checkpoint", type=Path, help="default: the run's averaged (or best) checkpoint")
-    p.add_argument("--subset", default="test")
-    p.add_argument("--results-dir", type=Path, default=Path("results"))
+    p.add_argument("--subset", default="test", help="the data-bin split to translate (default: test)")
+    p.add_argument("--results-dir", type=Path, default=Path("results"),
+                   help="where the scores' JSON goes (default: results)")
     args = p.parse_args(ours)
     cfg = load_config(args.config)
     data = args.data or default_data_dir(cfg)

@@ -11,10 +11,10 @@ skips work already done: prepared data-bins, finished results JSON; fairseq resu
 interrupted training from checkpoint_last.pt.
 """
 
-import argparse
 import sys
 from pathlib import Path
 
+from ..command_line import command_parser
 from . import evaluate, prepare_data, results_table, train
 from .config import CONFIG_DIR, load_tables, run_key, seed_configs
 
@@ -23,13 +23,16 @@ STAGES = ("prepare", "train", "evaluate", "table")
 
 def main(argv=None) -> str:
     ours, extra = train.split_passthrough(argv)
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("table", choices=sorted(load_tables()))
+    p = command_parser(description=__doc__)
+    p.add_argument("table", choices=sorted(load_tables()), help="the paper table to reproduce (configs/tables.yaml)")
     p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {STAGES}")
     p.add_argument("--raw-dir", type=Path, help="local raw corpus files (default: download)")
-    p.add_argument("--data-root", type=Path, default=Path("data-bin"))
-    p.add_argument("--runs-dir", type=Path, default=Path("runs"))
-    p.add_argument("--results-dir", type=Path, default=Path("results"))
+    p.add_argument("--data-root", type=Path, default=Path("data-bin"),
+                   help="where the data-bins go, one folder per corpus (default: data-bin)")
+    p.add_argument("--runs-dir", type=Path, default=Path("runs"),
+                   help="where each run's checkpoints go (default: runs)")
+    p.add_argument("--results-dir", type=Path, default=Path("results"),
+                   help="where the scores and the table go (default: results)")
     p.add_argument("--workers", type=int, default=8, help="data preparation processes")
     p.add_argument("--extra-parallel", type=Path, action="append", default=[], metavar="PREFIX",
                    help="more training data for the prepare stage (PREFIX.{src} / PREFIX.{tgt}: WMT17 Zh-En's "
@@ -42,9 +45,9 @@ def main(argv=None) -> str:
     p.add_argument("--nnodes", type=int, default=1, help="nodes; run the command on each (torchrun)")
     p.add_argument("--node-rank", type=int, default=0, help="this node's rank; node 0 evaluates")
     p.add_argument("--master-addr", default="", help="address of node 0 (several nodes)")
-    p.add_argument("--master-port", type=int, default=29500)
-    p.add_argument("--fp16", action="store_true")
-    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--master-port", type=int, default=29500, help="port of node 0 (several nodes; default 29500)")
+    p.add_argument("--fp16", action="store_true", help="mixed precision (GPU)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and the commands only")
     args = p.parse_args(ours)
     stages = args.stages.split(",")
     unknown = set(stages) - set(STAGES)

@@ -9,11 +9,11 @@ and the sacrebleu signature of each of our numbers, and mark document-level numb
 made with the model's own context (the oracle reference context, or same-pass decoding).
 """
 
-import argparse
 import json
 from pathlib import Path
 from typing import List
 
+from ..command_line import command_parser
 from .config import all_configs, load_tables
 
 METRIC_NAMES = {"sacrebleu": "SacreBLEU", "tokenized": "tok. BLEU", "bpc": "bpc", "ppl": "ppl", "accuracy": "Acc.",
@@ -84,9 +84,10 @@ def render(table_id: str, results_dir: Path, configs=None) -> str:
 
 
 def main(argv=None) -> str:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("table", choices=sorted(load_tables()))
-    p.add_argument("--results-dir", type=Path, default=Path("results"))
+    p = command_parser(description=__doc__)
+    p.add_argument("table", choices=sorted(load_tables()), help="the paper table to write (configs/tables.yaml)")
+    p.add_argument("--results-dir", type=Path, default=Path("results"),
+                   help="where the scores' JSON are (default: results)")
     p.add_argument("--out", type=Path, help="default: <results-dir>/<table>.md")
     args = p.parse_args(argv)
     text = render(args.table, args.results_dir)

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
+from ..command_line import command_parser
 from .config import load_config, run_key, seed_configs, train_flags
 
 
@@ -69,15 +70,16 @@ def update_freq_arg(value: str) -> Optional[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("config", type=Path)
+    p = command_parser(description=__doc__)
+    p.add_argument("config", type=Path, help="the experiment's YAML (configs/<paper>/<row>.yaml)")
     p.add_argument("--data", type=Path, help="data-bin directory (default: data-bin/<corpus>)")
-    p.add_argument("--runs-dir", type=Path, default=Path("runs"))
+    p.add_argument("--runs-dir", type=Path, default=Path("runs"),
+                   help="where each run's checkpoints go (default: runs)")
     p.add_argument("--world-size", type=int, help="GPUs per node (default: all visible; 0 = CPU)")
-    p.add_argument("--nnodes", type=int, default=1)
-    p.add_argument("--node-rank", type=int, default=0)
-    p.add_argument("--master-addr", default="")
-    p.add_argument("--master-port", type=int, default=29500)
+    p.add_argument("--nnodes", type=int, default=1, help="nodes; run the command on each (torchrun)")
+    p.add_argument("--node-rank", type=int, default=0, help="this node's rank (0 .. nnodes-1)")
+    p.add_argument("--master-addr", default="", help="address of node 0 (several nodes)")
+    p.add_argument("--master-port", type=int, default=29500, help="port of node 0 (several nodes; default 29500)")
     p.add_argument("--update-freq", type=update_freq_arg, default=None, metavar="N|auto",
                    help="fairseq's --update-freq (default auto: the paper's batch on these devices)")
     p.add_argument("--fp16", action="store_true", help="mixed precision (GPU)")
