@@ -1,20 +1,42 @@
-"""What every ``fairseq-plugins-*`` command's parser shares: ``--version`` (the plugin's, fairseq's
-and torch's versions, the first thing to quote in a bug report) and help texts in plain words
-(the docstrings that serve as descriptions are written in reStructuredText for the API docs).
+"""What every ``fairseq-plugins-*`` command shares: ``--version`` (the plugin's, fairseq's and
+torch's versions, the first thing to quote in a bug report), help texts in plain words (the
+docstrings that serve as descriptions are written in reStructuredText for the API docs), and
+``CommandError``: what a command reports in one line, naming the fix, instead of a traceback.
 
 Imports neither fairseq nor torch: their versions come from the installed metadata, so
 ``--version`` answers, and says what is missing, in an environment that is half set up.
 """
 
 import argparse
+import importlib
 import importlib.metadata
 import re
 import sys
 
 from . import __version__
-from .resources import PROJECT
+from .resources import PROJECT, extra_command
 
 _ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")  # :mod:`x`, :func:`~x.y`
+
+
+class CommandError(Exception):
+    """A problem of the set-up or the input that the user fixes: the console commands print its
+    one-line message (which names the fix) and exit 1."""
+
+
+class MissingExtra(CommandError, ImportError):
+    """An optional dependency is not installed; the message names the extra that brings it."""
+
+
+def import_extra(module: str, extra: str, feature: str):
+    """``module`` imported, or MissingExtra saying that ``feature`` needs it and how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name != module.split(".")[0]:
+            raise  # the module is there but one of its own imports is broken: show that
+        raise MissingExtra(f"{feature} needs {e.name}, from the plugin's {extra!r} extra: "
+                           f"{extra_command(extra)}") from None
 
 
 def plain(text: str) -> str:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from .command_line import command_parser
+from .command_line import CommandError, command_parser
 from .resources import setup_command
 
 SUPPORTED_FAIRSEQ_VERSION = "0.12.2"
@@ -34,7 +34,7 @@ SUPPORTED_FAIRSEQ_VERSION = "0.12.2"
 APPLIED, MISSING = "applied", "missing"
 
 
-class FairseqFixError(RuntimeError):
+class FairseqFixError(CommandError, RuntimeError):
     """The installed fairseq is absent, of another version, or its sources are unknown."""
 
 

@@ -8,7 +8,6 @@ Whether this copy runs from a clone or from an installed wheel also decides whic
 exist to repair it, so the messages that name one ask here (``setup_command``, ``extra_command``).
 """
 
-import importlib
 import os
 from pathlib import Path
 
@@ -59,17 +58,3 @@ def extra_command(extra: str) -> str:
         return f'pip install -e "{PACKAGE_DIR.parent}[{extra}]"'
     return f'pip install "{PROJECT}[{extra}]"'
 
-
-class MissingExtra(ImportError):
-    """An optional dependency is not installed; the message names the extra that brings it."""
-
-
-def import_extra(module: str, extra: str, feature: str):
-    """``module`` imported, or MissingExtra saying that ``feature`` needs it and how to install it."""
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        if e.name != module.split(".")[0]:
-            raise  # the module is there but one of its own imports is broken: show that
-        raise MissingExtra(f"{feature} needs {e.name}, from the plugin's {extra!r} extra: "
-                           f"{extra_command(extra)}") from None

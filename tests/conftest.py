@@ -16,7 +16,7 @@ if not torch.cuda.is_available():
 # fairseq_plugins module is imported (as most tests do): register everything up front.
 import fairseq_plugins.models  # noqa: F401
 import fairseq_plugins.tasks  # noqa: F401
-from fairseq_plugins.resources import MissingExtra
+from fairseq_plugins.command_line import MissingExtra
 from tests.cli import tiny_translation_data
 from tests.lm_fixture import prepare_enwik8, train_lm
 

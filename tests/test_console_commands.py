@@ -108,7 +108,7 @@ def test_commands_named_for_a_clone_and_for_an_installed_wheel(monkeypatch, tmp_
 ])
 def test_a_missing_extra_is_named_where_it_is_used(module, extra, use, monkeypatch):
     monkeypatch.setitem(sys.modules, module, None)  # what an environment without it does on import
-    with pytest.raises(resources.MissingExtra, match=rf"needs {module}, from the plugin's '{extra}' extra: "
+    with pytest.raises(command_line.MissingExtra, match=rf"needs {module}, from the plugin's '{extra}' extra: "
                                                      rf"{re.escape(resources.extra_command(extra))}$"):
         use()
 
@@ -131,7 +131,7 @@ def test_install_command_prepares_the_fixed_source(monkeypatch, capsys, tmp_path
 def test_a_test_stopped_by_a_missing_extra_is_skipped_with_the_reason(tmp_path):
     """tests/conftest.py turns MissingExtra into a skip that says which extra to install."""
     (tmp_path / "test_needs_extra.py").write_text(
-        "from fairseq_plugins.resources import import_extra\n\n\n"
+        "from fairseq_plugins.command_line import import_extra\n\n\n"
         "def test_it():\n    import_extra('no_such_module_here', 'zh', 'this feature')\n")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.conftest", "-q", "-rs", "-n", "0",
                            "-p", "no:cacheprovider", str(tmp_path / "test_needs_extra.py")],

@@ -5,8 +5,8 @@ Python; a console command must return an exit code instead, since ``sys.exit`` p
 object as an error. Each command here imports only its own recipe.
 
 An environment that is half set up (``pip install .`` without ``fairseq-plugins-install-fairseq``,
-or without an optional extra a recipe needs) gets one line naming the command that completes it,
-instead of a traceback from deep inside a recipe.
+or without an optional extra a recipe needs), or a machine without network, gets one line naming
+what to do (a ``CommandError``), instead of a traceback from deep inside a recipe.
 """
 
 import importlib
@@ -14,20 +14,21 @@ import os
 import sys
 from typing import Callable, Sequence
 
-from ..fairseq_fixes import FairseqFixError, require_fixed
-from ..resources import MissingExtra
+from ..command_line import CommandError
+from ..fairseq_fixes import require_fixed
 
 _ANSWERED_WITHOUT_FAIRSEQ = {"-h", "--help", "--version"}
 
 
 def one_line_errors(call: Callable[[], int], argv: Sequence[str]) -> int:
-    """``call()``'s exit code; 1 and one line on stderr when the fixed fairseq or an optional
-    extra is missing (``--help`` and ``--version`` answer without fairseq)."""
+    """``call()``'s exit code; 1 and one line on stderr for a CommandError: the fixed fairseq or
+    an optional extra missing, a download that failed (``--help`` and ``--version`` answer
+    without fairseq)."""
     try:
         if not _ANSWERED_WITHOUT_FAIRSEQ & set(argv):
             require_fixed()
         return call()
-    except (FairseqFixError, MissingExtra) as e:
+    except CommandError as e:
         print(f"{os.path.basename(sys.argv[0])}: error: {e}", file=sys.stderr)
         return 1
 

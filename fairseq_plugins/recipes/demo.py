@@ -36,7 +36,7 @@ from typing import Dict, List, Optional
 import yaml
 
 from ..command_line import command_parser
-from ..resources import import_extra
+from ..command_line import import_extra
 from .config import CONFIG_DIR, USER_DIR, to_flags
 from .data.common import prepare
 from .data.download import DEFAULT_CACHE

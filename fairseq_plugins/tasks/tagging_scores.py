@@ -9,7 +9,7 @@ predicted, gold entities) add up over batches and workers, so fairseq's metrics 
 
 from typing import List, Sequence, Tuple
 
-from fairseq_plugins.resources import import_extra
+from fairseq_plugins.command_line import import_extra
 
 SCHEMES = ("BIO", "BIOES")
 

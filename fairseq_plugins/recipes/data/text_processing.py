@@ -6,7 +6,7 @@ import logging
 import re
 from dataclasses import dataclass
 
-from fairseq_plugins.resources import import_extra
+from fairseq_plugins.command_line import import_extra
 
 
 _CJK = "\u2e80-\u2fdf\u3000-\u303f\u3040-\u30ff\u3100-\u312f\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef"
