@@ -55,10 +55,10 @@ def _parsers(parser):
                 yield from _parsers(sub)
 
 
-@pytest.mark.parametrize("name", sorted(SCRIPTS))
-def test_help_is_plain_and_every_option_has_help(name, monkeypatch, capsys):
-    """The parsers built by the command are caught as they parse; each of their options (and
-    those of subcommands) has a help text, and the help printed has no reStructuredText."""
+def _assert_plain_help_for_every_option(call, monkeypatch, capsys):
+    """``call()`` prints a --help: the parsers it builds are caught as they parse; each of their
+    options (and those of subcommands) has a help text, and the help printed has no
+    reStructuredText markup."""
     seen = []
     parse = argparse.ArgumentParser.parse_known_args
 
@@ -67,12 +67,33 @@ def test_help_is_plain_and_every_option_has_help(name, monkeypatch, capsys):
         return parse(self, *args, **kwargs)
 
     monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", recording)
-    code, out, _ = _run(name, ["--help"], monkeypatch, capsys)
-    assert code == 0 and out.startswith("usage: ")
+    try:
+        call()
+    except SystemExit as e:
+        assert e.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: ") and "--version" in out
     assert not RST.search(out), RST.search(out).group()
-    assert "--version" in out
     undocumented = [(p.prog, a.dest) for parser in seen for p in _parsers(parser) for a in p._actions if a.help is None]
     assert not undocumented
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_help_is_plain_and_every_option_has_help(name, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", [name, "--help"])
+    _assert_plain_help_for_every_option(_entry_point(name), monkeypatch, capsys)
+
+
+# the commands run as python -m (check_gpu runs the last four; triton_aot is the Triton kernels' check)
+MODULES = ["fairseq_plugins.recipes.lm_study", "fairseq_plugins.check_gpu.lm_update",
+           "fairseq_plugins.check_gpu.model_update", "fairseq_plugins.check_gpu.op_benchmark",
+           "fairseq_plugins.graph_attention.triton_aot"]
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_python_module_help_is_plain_and_every_option_has_help(module, monkeypatch, capsys):
+    main = importlib.import_module(module).main
+    _assert_plain_help_for_every_option(lambda: main(["--help"]), monkeypatch, capsys)
 
 
 def test_plain_drops_roles_and_double_backquotes():
