@@ -10,8 +10,10 @@ Imports neither fairseq nor torch: their versions come from the installed metada
 import argparse
 import importlib
 import importlib.metadata
+import os
 import re
 import sys
+from typing import Callable
 
 from . import __version__
 from .resources import PROJECT, extra_command
@@ -37,6 +39,15 @@ def import_extra(module: str, extra: str, feature: str):
             raise  # the module is there but one of its own imports is broken: show that
         raise MissingExtra(f"{feature} needs {e.name}, from the plugin's {extra!r} extra: "
                            f"{extra_command(extra)}") from None
+
+
+def exit_code(call: Callable[[], int]) -> int:
+    """``call()``'s exit code, or 1 after printing a CommandError as one line on stderr."""
+    try:
+        return call()
+    except CommandError as e:
+        print(f"{os.path.basename(sys.argv[0])}: error: {e}", file=sys.stderr)
+        return 1
 
 
 def plain(text: str) -> str:

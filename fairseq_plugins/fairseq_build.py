@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Optional
 
 from . import fairseq_fixes  # imports no fairseq
-from .command_line import command_parser
+from .command_line import CommandError, command_parser, exit_code
 from .resources import cache_root
 
 SDIST_NAME = f"fairseq-{fairseq_fixes.SUPPORTED_FAIRSEQ_VERSION}.tar.gz"
@@ -31,8 +31,11 @@ def cache_dir() -> Path:
     return cache_root() / "fairseq-build"  # beside the compiled kernels' cache
 
 
-def _pip(*args) -> None:
-    subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args], check=True)
+def _pip(*args, fix: str = "") -> None:
+    """Run pip; its failure is a CommandError (one line after pip's own message), with ``fix``."""
+    code = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args]).returncode
+    if code:
+        raise CommandError(f"pip {args[0]} exited with {code} (its message is above){fix}")
 
 
 def sdist(download: bool = True) -> Path:
@@ -46,7 +49,8 @@ def sdist(download: bool = True) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         print(f"[build] downloading {SDIST_NAME} from PyPI", file=sys.stderr)
         _pip("download", "-q", "--no-deps", "--no-binary", "fairseq", "-d", str(path.parent),
-             f"fairseq=={fairseq_fixes.SUPPORTED_FAIRSEQ_VERSION}")
+             f"fairseq=={fairseq_fixes.SUPPORTED_FAIRSEQ_VERSION}",
+             fix=f"; without network, copy {SDIST_NAME} from PyPI into {path.parent}")
     return path
 
 
@@ -110,7 +114,7 @@ def main(argv=None, install_by_default: bool = False) -> int:
 
 def install_main() -> int:
     """Console command ``fairseq-plugins-install-fairseq``: ``main`` that installs unless told otherwise."""
-    return main(sys.argv[1:], install_by_default=True)
+    return exit_code(lambda: main(sys.argv[1:], install_by_default=True))
 
 
 if __name__ == "__main__":

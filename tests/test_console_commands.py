@@ -160,3 +160,16 @@ def test_a_test_stopped_by_a_missing_extra_is_skipped_with_the_reason(tmp_path):
                           env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert "1 skipped" in proc.stdout, proc.stdout[-3000:]
     assert "this feature needs no_such_module_here, from the plugin's 'zh' extra" in proc.stdout
+
+
+def test_install_command_without_network_ends_in_one_line(monkeypatch, capsys, tmp_path):
+    """pip cannot download fairseq's sdist (pip told to use no index, as without network): after
+    pip's own message, one line says what to do, no traceback."""
+    monkeypatch.setenv("FAIRSEQ_PLUGINS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    code, _, err = _run("fairseq-plugins-install-fairseq", ["--prepare", str(tmp_path / "src")], monkeypatch, capsys)
+    assert code == 1
+    assert err.endswith(f"fairseq-plugins-install-fairseq: error: pip download exited with 1 (its message is "
+                        f"above); without network, copy {fairseq_build.SDIST_NAME} from PyPI into "
+                        f"{tmp_path / 'cache' / 'fairseq-build'}\n")
+    assert "Traceback" not in err

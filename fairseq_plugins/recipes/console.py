@@ -10,11 +10,10 @@ what to do (a ``CommandError``), instead of a traceback from deep inside a recip
 """
 
 import importlib
-import os
 import sys
 from typing import Callable, Sequence
 
-from ..command_line import CommandError
+from ..command_line import exit_code
 from ..fairseq_fixes import require_fixed
 
 _ANSWERED_WITHOUT_FAIRSEQ = {"-h", "--help", "--version"}
@@ -24,13 +23,13 @@ def one_line_errors(call: Callable[[], int], argv: Sequence[str]) -> int:
     """``call()``'s exit code; 1 and one line on stderr for a CommandError: the fixed fairseq or
     an optional extra missing, a download that failed (``--help`` and ``--version`` answer
     without fairseq)."""
-    try:
+
+    def checked() -> int:
         if not _ANSWERED_WITHOUT_FAIRSEQ & set(argv):
             require_fixed()
         return call()
-    except CommandError as e:
-        print(f"{os.path.basename(sys.argv[0])}: error: {e}", file=sys.stderr)
-        return 1
+
+    return exit_code(checked)
 
 
 def _command(recipe: str) -> Callable[[], int]:
