@@ -127,3 +127,19 @@ def test_archives_with_a_published_sha256_pin_it():
     # none published for these: fairseq's IWSLT14 mirror, WIT3's IWSLT15, OPUS's Moses zip, text8
     assert [a.sha256 for a in (iwslt.IWSLT14_DE_EN, iwslt.IWSLT15_ZH_EN, wmt.SETIMES2, language_modeling.TEXT8)] \
         == [None] * 4
+
+
+def test_a_sacrebleu_test_set_without_network_is_a_one_line_error(monkeypatch):
+    """sacrebleu's own download fails (an OSError, as urllib's URLError is): the same one-line
+    CommandError as the archives, naming the sacrebleu command that fills its cache."""
+    from sacrebleu.dataset import DATASETS
+
+    from fairseq_plugins.recipes.data.sacrebleu_sets import sacrebleu_split
+
+    def offline(langpair):
+        raise OSError("<urlopen error [Errno 101] Network is unreachable>")
+
+    monkeypatch.setattr(DATASETS["wmt14"], "get_files", offline)
+    with pytest.raises(DownloadFailed, match=r"sacrebleu -t wmt14 -l en-de --echo src") as err:
+        sacrebleu_split("wmt14", "en-de")
+    assert "\n" not in str(err.value)
