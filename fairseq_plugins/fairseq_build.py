@@ -1,8 +1,8 @@
 """Build fairseq 0.12.2 from its PyPI sdist, with the plugin's fixes in its source, into a local wheel.
 
     fairseq-plugins-install-fairseq                       # build (once, cached) and pip-install it
+    fairseq-plugins-install-fairseq --prepare DIR         # only the fixed source, unpacked into DIR (no build)
     python -m fairseq_plugins.fairseq_build               # print the wheel's path; build it only if not cached
-    python -m fairseq_plugins.fairseq_build --prepare DIR # unpack the cached sdist into DIR and fix it (no build)
 
 The wheel's version carries the fixes' label (``0.12.2+plugins.<hash>``, see
 ``fairseq_plugins/fairseq_fixes.py``) and its metadata declares the dependencies that work,
@@ -12,7 +12,6 @@ keeps the sdist and one wheel per set of fixes and Python version: a machine bui
 once (about 2 minutes on 2 quiet cores), whatever the number of checkouts and environments.
 """
 
-import argparse
 import shutil
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Optional
 
 from . import fairseq_fixes  # imports no fairseq
+from .command_line import CommandError, command_parser, exit_code
 from .resources import cache_root
 
 SDIST_NAME = f"fairseq-{fairseq_fixes.SUPPORTED_FAIRSEQ_VERSION}.tar.gz"
@@ -31,8 +31,11 @@ def cache_dir() -> Path:
     return cache_root() / "fairseq-build"  # beside the compiled kernels' cache
 
 
-def _pip(*args) -> None:
-    subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args], check=True)
+def _pip(*args, fix: str = "") -> None:
+    """Run pip; its failure is a CommandError (one line after pip's own message), with ``fix``."""
+    code = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args]).returncode
+    if code:
+        raise CommandError(f"pip {args[0]} exited with {code} (its message is above){fix}")
 
 
 def sdist(download: bool = True) -> Path:
@@ -46,13 +49,14 @@ def sdist(download: bool = True) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         print(f"[build] downloading {SDIST_NAME} from PyPI", file=sys.stderr)
         _pip("download", "-q", "--no-deps", "--no-binary", "fairseq", "-d", str(path.parent),
-             f"fairseq=={fairseq_fixes.SUPPORTED_FAIRSEQ_VERSION}")
+             f"fairseq=={fairseq_fixes.SUPPORTED_FAIRSEQ_VERSION}",
+             fix=f"; without network, copy {SDIST_NAME} from PyPI into {path.parent}")
     return path
 
 
-def prepare(dest: Path, download: bool = True) -> fairseq_fixes.SourceTree:
+def prepare(dest: Path) -> fairseq_fixes.SourceTree:
     """Unpack the sdist into dest and apply the fixes (and the local version label) to it."""
-    with tarfile.open(sdist(download)) as archive:
+    with tarfile.open(sdist()) as archive:
         archive.extractall(dest, filter="data")
     tree = fairseq_fixes.SourceTree(Path(dest) / SDIST_NAME[: -len(".tar.gz")])
     fairseq_fixes.apply(tree)
@@ -90,23 +94,27 @@ def install() -> Path:
     return wheel
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv=None, install_by_default: bool = False) -> int:
+    parser = command_parser(description=__doc__.split("\n\n")[0])
     action = parser.add_mutually_exclusive_group()
     action.add_argument("--prepare", type=Path, metavar="DIR",
-                        help="only unpack the cached sdist into DIR and apply the fixes (no download, no build)")
-    action.add_argument("--install", action="store_true", help="also pip-install the wheel into this environment")
+                        help="only unpack fairseq's sdist (downloaded once into the cache) into DIR and apply "
+                             "the fixes; print the source folder (no build, no install)")
+    action.add_argument("--install", action="store_true",
+                        help="also pip-install the wheel into this environment"
+                             + (" (the default of this command)" if install_by_default else ""))
+    parser.set_defaults(install=install_by_default)
     args = parser.parse_args(argv)
     if args.prepare:
-        print(prepare(args.prepare, download=False).root)
+        print(prepare(args.prepare).root)
     else:
         print(install() if args.install else build())
     return 0
 
 
 def install_main() -> int:
-    """Console command ``fairseq-plugins-install-fairseq``."""
-    return main(["--install", *sys.argv[1:]])
+    """Console command ``fairseq-plugins-install-fairseq``: ``main`` that installs unless told otherwise."""
+    return exit_code(lambda: main(sys.argv[1:], install_by_default=True))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ which we refuse to touch.
 This module must not import fairseq: without the fixes, ``import fairseq`` raises.
 """
 
-import argparse
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -27,12 +26,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from .command_line import CommandError, command_parser
+from .resources import setup_command
+
 SUPPORTED_FAIRSEQ_VERSION = "0.12.2"
 
 APPLIED, MISSING = "applied", "missing"
 
 
-class FairseqFixError(RuntimeError):
+class FairseqFixError(CommandError, RuntimeError):
     """The installed fairseq is absent, of another version, or its sources are unknown."""
 
 
@@ -107,7 +109,7 @@ def fairseq_package_dir() -> Path:
     """The installed fairseq package folder, found without importing it."""
     spec = importlib.util.find_spec("fairseq")
     if spec is None or not spec.submodule_search_locations:
-        raise FairseqFixError("fairseq is not installed; run scripts/setup.sh (it installs the fixed fairseq 0.12.2)")
+        raise FairseqFixError(f"fairseq is not installed; run {setup_command()} (it installs the fixed fairseq 0.12.2)")
     return Path(list(spec.submodule_search_locations)[0])
 
 
@@ -116,7 +118,7 @@ def installed_fairseq_version() -> str:
         return importlib.metadata.version("fairseq")
     except importlib.metadata.PackageNotFoundError as e:
         raise FairseqFixError(
-            "fairseq is not installed; run scripts/setup.sh (it installs the fixed fairseq 0.12.2)"
+            f"fairseq is not installed; run {setup_command()} (it installs the fixed fairseq 0.12.2)"
         ) from e
 
 
@@ -670,7 +672,7 @@ def _edit_status(text: str, edit: TextEdit) -> str:
         return APPLIED
     raise FairseqFixError(
         f"unknown fairseq source in {edit.path}: expected {edit.old!r} once. "
-        "Reinstall fairseq with scripts/setup.sh (it builds 0.12.2 with these fixes)."
+        f"Reinstall fairseq with {setup_command()} (it builds 0.12.2 with these fixes)."
     )
 
 
@@ -679,7 +681,7 @@ def _check_version(tree) -> None:
     if version.split("+")[0] != SUPPORTED_FAIRSEQ_VERSION:
         raise FairseqFixError(
             f"fairseq {version} at {tree}: these fixes are written for "
-            f"fairseq {SUPPORTED_FAIRSEQ_VERSION} only. Install it with scripts/setup.sh."
+            f"fairseq {SUPPORTED_FAIRSEQ_VERSION} only. Install it with {setup_command()}."
         )
 
 
@@ -724,15 +726,14 @@ def require_fixed() -> None:
     if missing:
         raise FairseqFixError(
             f"the installed fairseq {installed_fairseq_version()} lacks fixes {missing}: run "
-            "fairseq-plugins-install-fairseq (or scripts/setup.sh in a checkout), which installs fairseq 0.12.2 "
-            "built with them "
+            f"{setup_command()}, which installs fairseq 0.12.2 built with them "
             f"({local_version()}); a reinstall of fairseq from PyPI undoes them"
         )
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="action", required=True)
+    parser = command_parser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="action", required=True, help="what to do")
     sub.add_parser("check", help="report the fixes of the installed fairseq; exit 1 if one is missing")
     apply_parser = sub.add_parser("apply", help="apply the fixes to an unpacked fairseq 0.12.2 sdist")
     apply_parser.add_argument("source", type=Path, help="the sdist's folder (holds setup.py and fairseq/)")

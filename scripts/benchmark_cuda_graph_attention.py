@@ -31,6 +31,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from fairseq_plugins.command_line import import_extra  # noqa: E402
 from fairseq_plugins.graphs.binary_partition import bpt_graph  # noqa: E402
 from fairseq_plugins.graph_attention import cuda_backend, flex_backend  # noqa: E402,F401
 from fairseq_plugins.graph_attention import graph_attention  # noqa: E402
@@ -150,8 +151,7 @@ def write_table(results, env, args, path):
 
 
 def write_plot(results, env, path):
-    import matplotlib
-
+    matplotlib = import_extra("matplotlib", "plots", "the benchmark's plot")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

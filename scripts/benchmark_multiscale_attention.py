@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from fairseq_plugins.command_line import import_extra
 from fairseq_plugins.modules.multiscale.multiscale_attention import (
     multiscale_attention,
     multiscale_attention_reference,
@@ -148,8 +149,7 @@ def write_outputs(args, device, rows):
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     args.out.with_suffix(".json").write_text(json.dumps({"setup": setup, "rows": rows}, indent=1), encoding="utf-8")
 
-    import matplotlib
-
+    matplotlib = import_extra("matplotlib", "plots", "the benchmark's plot")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -35,6 +35,7 @@ from typing import Dict, List, Optional, Sequence
 import yaml
 from tqdm import tqdm
 
+from fairseq_plugins.command_line import import_extra
 from fairseq_plugins.recipes.config import CONFIG_DIR
 from fairseq_plugins.recipes.demo import prepare_multi30k, select_entries
 from fairseq_plugins.recipes.evaluate import generate, score
@@ -232,8 +233,7 @@ def markdown(rows: List[dict], cfg: dict) -> str:
 
 
 def plot(rows: List[dict], path: Path) -> None:
-    import matplotlib
-
+    matplotlib = import_extra("matplotlib", "plots", "the quality study's plot")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

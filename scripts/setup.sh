@@ -5,7 +5,7 @@
 #
 # - torch: an installed torch (e.g. a CUDA build) is kept as it is; only when none is
 #   importable is torch==$TORCH_VERSION installed (2.13.0 by default, from PyPI).
-# - the dependencies of pyproject.toml and of its extras $EXTRAS ("test lint tensorboard").
+# - the dependencies of pyproject.toml and of its extras $EXTRAS ("test lint tensorboard zh tagging plots").
 # - triton: the one the installed torch pins (CUDA builds), else $TRITON_VERSION (3.7.1, the pin of
 #   torch 2.13's CUDA wheels), so that CPU tests check the Triton that GPU users run.
 # - fairseq 0.12.2 built from its sdist with the fixes of fairseq_plugins/fairseq_fixes.py
@@ -17,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
-EXTRAS=${EXTRAS:-test lint tensorboard}
+EXTRAS=${EXTRAS:-test lint tensorboard zh tagging plots}
 TRITON_VERSION=${TRITON_VERSION:-3.7.1}  # the triton that torch 2.13's CUDA wheels pin; "none": no triton
 pip_install() { "$PYTHON" -m pip install --disable-pip-version-check --root-user-action=ignore -q "$@"; }
 say() { echo "[setup] $*"; }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command: set up when needed (a no-op when all is in place), then pytest.
 #   bash scripts/test.sh [pytest args...]     e.g. bash scripts/test.sh -m "not slow"
+#   bash scripts/test.sh tests/test_install.py -k wheel    # just those: a path replaces `tests`
 # SETUP=done skips the set-up (.ci/run has already run it, then lint, before the tests).
 #
 # The tests run in parallel with pytest-xdist (the "test" extra), every worker and the fairseq
@@ -20,4 +21,13 @@ cores=$("$PYTHON" -c 'from fairseq_plugins.recipes.demo import usable_cores; pri
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 workers=$(( cores / OMP_NUM_THREADS > 0 ? cores / OMP_NUM_THREADS : 1 ))
 echo "[test] $workers workers x $OMP_NUM_THREADS threads on $cores cores"
-exec "$PYTHON" -m pytest tests -q -ra --durations=15 -n "$workers" --dist loadgroup "$@"
+# An argument naming an existing file or folder (a node id's `::...` stripped) is a test path:
+# then pytest gets only the paths given; otherwise it collects all of `tests`.
+targets=(tests)
+for arg in "$@"; do
+    if [[ "$arg" != -* && -e "${arg%%::*}" ]]; then
+        targets=()
+        break
+    fi
+done
+exec "$PYTHON" -m pytest "${targets[@]}" -q -ra --durations=15 -n "$workers" --dist loadgroup "$@"

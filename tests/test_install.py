@@ -111,6 +111,29 @@ def test_console_commands_resolve_and_run_from_the_install(install):
     assert f"--user-dir {site / 'fairseq_plugins'}" in dry
 
 
+def test_an_install_without_fairseq_names_the_command_that_exists_there(install):
+    """``pip install .`` without ``fairseq-plugins-install-fairseq`` (here: Python without its
+    site-packages, so without fairseq): the command's one line names that console command, not
+    the clone's scripts/setup.sh, and the --prepare it offers works from the install."""
+    site, env, far = install
+    code = ("import sys; sys.argv = ['fairseq-plugins-train', 'bpt/table7_bpt_k4']; "
+            "from fairseq_plugins.recipes.console import train; sys.exit(train())")
+    proc = subprocess.run([sys.executable, "-S", "-c", code], env=env, cwd=far, capture_output=True, text=True)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("fairseq-plugins-train: error: fairseq is not installed; run "
+                                  "fairseq-plugins-install-fairseq (it installs the fixed fairseq 0.12.2)")
+    missing = _python(install, "from fairseq_plugins import resources as r; "
+                               "print(r.setup_command()); print(r.extra_command('zh'))").splitlines()
+    assert missing == ["fairseq-plugins-install-fairseq", 'pip install "fairseq-multiscale-plugins[zh]"']
+    from fairseq_plugins import fairseq_build  # the sdist set-up cached, copied into the install's cache
+
+    cached = Path(env["FAIRSEQ_PLUGINS_CACHE"]) / "fairseq-build"
+    cached.mkdir(parents=True, exist_ok=True)
+    shutil.copy(fairseq_build.sdist(download=False), cached)
+    prepared = _run([site / "bin" / "fairseq-plugins-install-fairseq", "--prepare", far / "src"], env=env, cwd=far)
+    assert (Path(prepared.stdout.strip()) / "fairseq" / "version.txt").read_text().startswith("0.12.2+plugins.")
+
+
 @pytest.mark.slow
 def test_tiny_bpt_trains_from_the_install_with_the_cpu_kernel(install):
     """fairseq-train --user-dir <install>/fairseq_plugins; ``auto`` builds the CPU kernel from

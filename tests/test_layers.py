@@ -13,8 +13,9 @@ from typing import Dict, Set
 PACKAGE = Path(__file__).resolve().parents[1] / "fairseq_plugins"
 LAYERS = [
     "__init__",  # the package itself: imports nothing of its own
-    "resources",  # where the package's files and caches are
-    "fairseq_fixes",  # repairs the installed fairseq; imports nothing of the package
+    "resources",  # where the package's files and caches are, and how this copy was installed
+    "command_line",  # what every console command's parser shares (--version, plain help)
+    "fairseq_fixes",  # repairs the installed fairseq
     "fairseq_build",  # builds and installs fairseq with those fixes
     "graphs",  # graph types and builders, pure torch
     "graph_attention",  # the op, its registry and one module per backend

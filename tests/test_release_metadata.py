@@ -30,5 +30,7 @@ def test_changelog_newest_entry_is_the_package_version():
 
 
 def test_license_file_is_the_declared_license():
-    assert PYPROJECT["project"]["license"] == {"text": "MIT"}
+    """An SPDX expression (setuptools deprecates the table form) and the file it points to."""
+    assert PYPROJECT["project"]["license"] == "MIT" and PYPROJECT["project"]["license-files"] == ["LICENSE"]
+    assert not [c for c in PYPROJECT["project"]["classifiers"] if c.startswith("License ::")]
     assert (REPO / "LICENSE").read_text(encoding="utf-8").startswith("MIT License\n")

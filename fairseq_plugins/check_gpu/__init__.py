@@ -12,7 +12,15 @@ module once.
 
 
 def main(argv=None) -> int:
-    """The console command ``fairseq-plugins-check-gpu``: ``command.main``."""
-    from fairseq_plugins.check_gpu.command import main as run
+    """The console command ``fairseq-plugins-check-gpu``: ``command.main``, with one line instead
+    of a traceback when the environment lacks the fixed fairseq."""
+    import sys
 
-    return run(argv)
+    from fairseq_plugins.recipes.console import one_line_errors
+
+    def call() -> int:
+        from fairseq_plugins.check_gpu.command import main as run  # after the check: it imports torch
+
+        return run(argv)
+
+    return one_line_errors(call, sys.argv[1:] if argv is None else argv)

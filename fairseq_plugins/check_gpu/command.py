@@ -41,6 +41,7 @@ from fairseq_plugins.check_gpu.lm_update import markdown as lm_markdown
 from fairseq_plugins.check_gpu.model_update import markdown as update_markdown
 from fairseq_plugins.check_gpu.op_benchmark import markdown as benchmark_markdown
 from fairseq_plugins.check_gpu.runner import Progress, Step, StepResult, python_env, run_steps
+from fairseq_plugins.command_line import command_parser
 
 PACKAGE = Path(__file__).resolve().parents[1]  # the fairseq_plugins this command belongs to
 NO_GPU_EXIT = 2
@@ -255,10 +256,9 @@ def report_json(env, results: List[StepResult], benchmark, update, out_dir: Path
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fairseq-plugins-check-gpu",
-                                description=__doc__.splitlines()[0].strip("`") + " GPU check.",
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
+    p = command_parser(prog="fairseq-plugins-check-gpu",
+                       description=__doc__.splitlines()[0].strip("`") + " GPU check.",
+                       epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--out", type=Path, help="folder of the report (default: benchmarks/ of the "
                    "checkout this runs in, else the current folder)")
     p.add_argument("--benchmark", choices=["full", "quick", "none"], default="full",

@@ -26,6 +26,7 @@ import torch
 
 from fairseq_plugins.check_gpu.model_update import alternate_updates
 from fairseq_plugins.check_gpu.runner import PROGRESS
+from fairseq_plugins.command_line import command_parser
 
 VOCAB = 256  # bytes
 BASELINE = "transformer_lm"
@@ -143,21 +144,30 @@ def markdown(result: Dict) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--contexts", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
-    p.add_argument("--ks", type=int, nargs="+", default=[4, 16, 64])
-    p.add_argument("--checkpointed-ks", type=int, nargs="*", default=[4])
-    p.add_argument("--recomputed-ks", type=int, nargs="*", default=[4])
+    p = command_parser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True,
+                   help="JSON file of the results")
+    p.add_argument("--contexts", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384],
+                   help="context lengths to measure (default: %(default)s)")
+    p.add_argument("--ks", type=int, nargs="+", default=[4, 16, 64],
+                   help="BPT's k values (default: %(default)s)")
+    p.add_argument("--checkpointed-ks", type=int, nargs="*", default=[4],
+                   help="k values also measured with --checkpoint-activations (default: %(default)s)")
+    p.add_argument("--recomputed-ks", type=int, nargs="*", default=[4],
+                   help="k values also measured with the norms and FFN recomputed (default: %(default)s)")
     p.add_argument("--layers", type=int, default=12, help="BPT Table 9's enwik8 model: 12 layers, d 512, 8 heads")
-    p.add_argument("--dim", type=int, default=512)
-    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--dim", type=int, default=512,
+                   help="embedding dimension (default: %(default)s)")
+    p.add_argument("--heads", type=int, default=8,
+                   help="attention heads (default: %(default)s)")
     p.add_argument("--tokens", type=int, default=16384, help="tokens per batch, every context")
     p.add_argument("--dtype", choices=list(AUTOCAST), default="bfloat16",
                    help="float32, or mixed precision (autocast) in bfloat16 / float16")
     p.add_argument("--backend", default="auto", help="--graph-attention-backend of bpt_lm")
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--updates", type=int, default=5)
+    p.add_argument("--device", default="cuda",
+                   help="torch device (default: %(default)s)")
+    p.add_argument("--updates", type=int, default=5,
+                   help="timed updates per model and context (default: %(default)s)")
     return p
 
 

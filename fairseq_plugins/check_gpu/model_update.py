@@ -23,6 +23,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from fairseq_plugins.check_gpu.runner import PROGRESS
+from fairseq_plugins.command_line import command_parser
 
 MODELS = {  # name: (arch, options), with the demo's options
     "transformer": ("transformer", {}),
@@ -182,17 +183,23 @@ def markdown(result: Dict) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
-    p.add_argument("--size", choices=sorted(SIZES), default="base")
+    p = command_parser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True,
+                   help="JSON file of the results")
+    p.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS),
+                   help="models to measure (default: all)")
+    p.add_argument("--size", choices=sorted(SIZES), default="base",
+                   help="model size (default: %(default)s)")
     p.add_argument("--tokens", type=int, default=8192, help="source tokens per batch")
     p.add_argument("--length", type=int, default=64, help="tokens per sentence")
-    p.add_argument("--vocab", type=int, default=8000)
+    p.add_argument("--vocab", type=int, default=8000,
+                   help="vocabulary of the synthetic batch (default: %(default)s)")
     p.add_argument("--dtype", choices=list(AUTOCAST), default="bfloat16",
                    help="float32, or mixed precision (autocast) in bfloat16 / float16")
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--updates", type=int, default=5)
+    p.add_argument("--device", default="cuda",
+                   help="torch device (default: %(default)s)")
+    p.add_argument("--updates", type=int, default=5,
+                   help="timed updates per model (default: %(default)s)")
     return p
 
 

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from fairseq_plugins.check_gpu.kernel_checks import errors_against_float64, relative_errors
 from fairseq_plugins.check_gpu.runner import PROGRESS, format_duration
+from fairseq_plugins.command_line import command_parser
 from fairseq_plugins.graph_attention import graph_attention
 from fairseq_plugins.graphs.binary_partition import bpt_graph
 
@@ -276,20 +277,30 @@ def markdown(result: Dict) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = command_parser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True, help="JSON written after every case")
-    p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
-    p.add_argument("--ks", type=int, nargs="+", default=[1, 4, 16, 64])
+    p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384],
+                   help="sequence lengths (default: %(default)s)")
+    p.add_argument("--ks", type=int, nargs="+", default=[1, 4, 16, 64],
+                   help="BPT's k values (default: %(default)s)")
     p.add_argument("--backends", nargs="+", default=["sdpa", *GRAPH_BACKENDS],
-                   choices=["sdpa", *GRAPH_BACKENDS])
-    p.add_argument("--dropout", type=float, nargs="+", default=[0.0, 0.1])
+                   choices=["sdpa", *GRAPH_BACKENDS], help="graph-attention backends, and sdpa as the dense "
+                   "reference (default: all)")
+    p.add_argument("--dropout", type=float, nargs="+", default=[0.0, 0.1],
+                   help="attention dropout values (default: %(default)s)")
     p.add_argument("--tokens", type=int, default=8192, help="tokens per batch")
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"])
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--heads", type=int, default=8,
+                   help="attention heads (default: %(default)s)")
+    p.add_argument("--head-dim", type=int, default=64,
+                   help="dimension per head (default: %(default)s)")
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"],
+                   help="data type (default: %(default)s)")
+    p.add_argument("--device", default="cuda",
+                   help="torch device (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=3,
+                   help="untimed calls before timing (default: %(default)s)")
+    p.add_argument("--iters", type=int, default=10,
+                   help="timed calls per case (default: %(default)s)")
     return p
 
 

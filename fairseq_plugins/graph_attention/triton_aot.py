@@ -24,7 +24,6 @@ Each compile runs in a fresh process (``TRITON_INTERPRET`` unset, no GPU visible
 cache so that ptxas runs and reports).
 """
 
-import argparse
 import contextlib
 import io
 import json
@@ -35,6 +34,8 @@ import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import List, Optional
+
+from ..command_line import command_parser
 
 # capability -> (PTX target name, NVIDIA's maximum shared memory per block in bytes)
 TARGETS = {80: ("sm_80 (A100)", 166912), 90: ("sm_90a (H100)", 232448)}
@@ -223,10 +224,10 @@ def compile_all(jobs, workers: int = 2) -> List[CompileReport]:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_parser(description=__doc__.splitlines()[0])
     parser.add_argument("--capabilities", type=int, nargs="+", default=sorted(TARGETS),
-                        choices=sorted(TARGETS))
-    parser.add_argument("--workers", type=int, default=2)
+                        choices=sorted(TARGETS), help="compute capabilities to compile for (default: all)")
+    parser.add_argument("--workers", type=int, default=2, help="compiling processes (default: %(default)s)")
     parser.add_argument("--json", help="also write the reports here")
     args = parser.parse_args(argv)
     jobs = [(c, cc) for cc in args.capabilities for c in launched_configurations()]

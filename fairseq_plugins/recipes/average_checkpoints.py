@@ -11,12 +11,13 @@ epoch only there.
     fairseq-plugins-average-checkpoints runs/RUN --last 10 --output runs/RUN/checkpoint_avg10.pt
 """
 
-import argparse
 import re
 from pathlib import Path
 from typing import List, Sequence
 
 import torch
+
+from ..command_line import command_parser
 
 _EPOCH_RE = re.compile(r"^checkpoint(\d+)\.pt$")
 
@@ -66,11 +67,11 @@ def average(paths: Sequence[Path]) -> dict:
 
 
 def main(argv=None) -> Path:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command_parser(description=__doc__)
     p.add_argument("inputs", nargs="+", type=Path, help="a run directory (with --last) or checkpoint files")
     p.add_argument("--last", type=int, help="average the last N checkpoints of the run directory (epoch "
                    "checkpoints, and checkpoint_last.pt when it is newer)")
-    p.add_argument("--output", type=Path, required=True)
+    p.add_argument("--output", type=Path, required=True, help="the averaged checkpoint file to write")
     args = p.parse_args(argv)
     if args.last is not None:
         if len(args.inputs) != 1 or not args.inputs[0].is_dir():

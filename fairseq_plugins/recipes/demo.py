@@ -21,7 +21,6 @@ prose that CPython ships (nothing to download), test bits per character and trai
 (120 updates: 2.3 min more on a quiet 2-core CPU, measured; table in ``--out``/lm).
 """
 
-import argparse
 import contextlib
 import json
 import math
@@ -36,6 +35,8 @@ from typing import Dict, List, Optional
 
 import yaml
 
+from ..command_line import command_parser
+from ..command_line import import_extra
 from .config import CONFIG_DIR, USER_DIR, to_flags
 from .data.common import prepare
 from .data.download import DEFAULT_CACHE
@@ -47,6 +48,7 @@ from .train_log import epoch_summaries, model_params, progress
 
 # --lm: lm_study at a smaller scale (its other settings are lm_study's defaults)
 DEMO_LM = ["--updates", "120", "--rounds", "3"]
+PLOT_FEATURE = "the demo's plot (demo.png)"
 
 # With --minutes, each architecture gets an equal share of the time left. Training gets that
 # share minus the start-up/validation/translation time the previous one needed (first: 80%).
@@ -316,8 +318,7 @@ def markdown(rows: List[dict], run: dict) -> str:
 
 
 def plot(rows: List[dict], baseline: str, path: Path) -> None:
-    import matplotlib
-
+    matplotlib = import_extra("matplotlib", "plots", PLOT_FEATURE)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -357,15 +358,17 @@ def language_model_part(out: Path, threads: int, options: List[str] = DEMO_LM) -
 
 
 def main(argv=None) -> List[dict]:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command_parser(description=__doc__)
     p.add_argument("--updates", type=int, help="updates per model (default: the config's 'updates'; "
                    "0: no limit, train for the --minutes budget)")
     p.add_argument("--minutes", type=float, help="a wall-clock budget for the whole demo: each model also "
                    "stops at its equal share (makes BLEU depend on the machine's speed)")
-    p.add_argument("--config", type=Path, default=CONFIG_DIR / "demo.yaml")
+    p.add_argument("--config", type=Path, default=CONFIG_DIR / "demo.yaml",
+                   help="the models and settings to run (default: configs/demo.yaml)")
     p.add_argument("--raw-dir", type=Path, help="local Multi30K raw files "
                    "(train/val/test_2016_flickr .en/.de, plain or .gz; default: download once into the cache)")
-    p.add_argument("--out", type=Path, default=Path("results") / "demo")
+    p.add_argument("--out", type=Path, default=Path("results") / "demo",
+                   help="folder of the table, plot, numbers and runs (default: results/demo)")
     p.add_argument("--archs", help="comma-separated subset of the config's arch names")
     p.add_argument("--gpu", action="store_true", help="train and translate on the GPU")
     p.add_argument("--threads", type=int, help="CPU threads per fairseq process (default: "
@@ -379,6 +382,7 @@ def main(argv=None) -> List[dict]:
     p.add_argument("--lm", action="store_true", help="then a character-level language model: bpt_lm "
                    "against transformer_lm at context 2048 (CPU; results in OUT/lm)")
     args = p.parse_args(argv)
+    import_extra("matplotlib", "plots", PLOT_FEATURE)  # now, not after the first model's training
     cfg = load_demo_config(args.config)
     updates = cfg["updates"] if args.updates is None else args.updates
     if updates < 0 or (args.minutes is not None and args.minutes <= 0):

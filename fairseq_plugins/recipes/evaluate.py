@@ -23,13 +23,13 @@ target context the translations were made with (``--target-context``). Results g
 ``results/<table>/<row id>.json`` and name the data folder that was scored.
 """
 
-import argparse
 import json
 import subprocess
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from ..command_line import command_parser
 from . import evaluate_classification
 from .config import ConfigError, generate_flags, load_config, run_key, seed_configs, target_context
 from .data.text_processing import unsegment_chinese
@@ -208,7 +208,7 @@ def main(argv=None) -> dict:
     from .train import split_passthrough
 
     ours, extra = split_passthrough(argv)
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command_parser(description=__doc__)
     p.add_argument("config", metavar="ROW", help="TABLE:ROW_ID, e.g. bpt-table7:bpt-k4 (TABLE: an id or a table file)")
     p.add_argument("--data", type=Path, help="data-bin directory (default: data-bin/<corpus>)")
     p.add_argument("--runs-dir", type=Path, default=Path("runs"),

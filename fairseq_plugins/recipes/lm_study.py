@@ -38,9 +38,10 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-from .config import USER_DIR
 from fairseq_plugins.data import character_tokens
 
+from ..command_line import command_parser
+from .config import USER_DIR
 from .data import language_modeling
 from .evaluate_lm import parse as parse_eval_lm
 from .train_log import model_params, progress
@@ -198,24 +199,29 @@ def markdown(result: dict) -> str:
 
 
 def parser(defaults: Dict[str, object] = None) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=Path("results") / "lm_study")
+    p = command_parser(description=__doc__)
+    p.add_argument("--out", type=Path, default=Path("results") / "lm_study",
+                   help="folder of the data, runs and results (default: %(default)s)")
     p.add_argument("--context", type=int, default=2048, help="characters per training sequence and test block")
-    p.add_argument("--updates", type=int, default=360)
+    p.add_argument("--updates", type=int, default=360,
+                   help="training updates per model, over all rounds (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds the updates are split into")
     p.add_argument("--max-tokens", type=int, default=4096, help="tokens per update")
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--dim", type=int, default=128)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--dropout", type=float, default=0.0)
+    p.add_argument("--layers", type=int, default=2, help="decoder layers (default: %(default)s)")
+    p.add_argument("--dim", type=int, default=128, help="embedding dimension (default: %(default)s)")
+    p.add_argument("--heads", type=int, default=4, help="attention heads (default: %(default)s)")
+    p.add_argument("--dropout", type=float, default=0.0, help="dropout (default: %(default)s)")
     p.add_argument("--k", type=int, default=4, help="BPT's k")
     p.add_argument("--backend", default="auto", help="BPT's --graph-attention-backend")
-    p.add_argument("--lr", type=float, default=0.002)
-    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--lr", type=float, default=0.002,
+                   help="peak learning rate, inverse-sqrt schedule (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=20, help="warm-up updates (default: %(default)s)")
     p.add_argument("--heldout-chars", type=int, default=20480, help="characters in valid, and in test")
-    p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS") or 2))
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--log-interval", type=int, default=5)
+    p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS") or 2),
+                   help="CPU threads per fairseq process (default: $OMP_NUM_THREADS, else 2)")
+    p.add_argument("--seed", type=int, default=1, help="random seed (default: %(default)s)")
+    p.add_argument("--log-interval", type=int, default=5,
+                   help="updates between fairseq-train's progress lines (default: %(default)s)")
     p.set_defaults(**(defaults or {}))
     return p
 

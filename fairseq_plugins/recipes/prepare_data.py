@@ -19,6 +19,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from ..command_line import command_parser
 from .data import classification, iwslt, language_modeling, multi30k, wmt, wmt_slowfast_variants
 from .data.common import prepare
 from .data.download import DEFAULT_CACHE
@@ -31,8 +32,8 @@ TRANSLATION_ONLY = ("bpe_merges", "vocab_size", "zh_segmentation", "extra_parall
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("corpus", choices=sorted({**CORPORA, **LM_CORPORA}))
+    p = command_parser(description=__doc__)
+    p.add_argument("corpus", choices=sorted({**CORPORA, **LM_CORPORA}), help="the corpus to prepare")
     p.add_argument("--out", type=Path, required=True, help="data-bin directory to write")
     p.add_argument("--raw-dir", type=Path, help="local copy of the raw files (no download)")
     p.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where downloads go")

@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List
 
+from ..command_line import command_parser
 from . import evaluate, evaluate_classification, prepare_data, results_table, train
 from .config import ConfigError, flatten, load_table, load_tables, run_key, seed_configs
 from .data.language_modeling import check_format
@@ -40,7 +41,7 @@ def _env(name: str, default, kind=str):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command_parser(description=__doc__)
     p.add_argument("table", nargs="?", help="a table id (--list shows them) or the path of a table file")
     p.add_argument("--list", action="store_true", help="list the tables (with TABLE: its rows) and exit")
     p.add_argument("--rows", help="comma-separated row ids: only these rows (default: every row)")

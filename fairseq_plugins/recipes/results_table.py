@@ -10,11 +10,11 @@ mark document-level numbers that were not made with the model's own context (the
 reference context, or same-pass decoding).
 """
 
-import argparse
 import json
 from pathlib import Path
 from typing import List
 
+from ..command_line import command_parser
 from .config import load_table, load_tables
 
 METRIC_NAMES = {"sacrebleu": "SacreBLEU", "tokenized": "tok. BLEU", "bpc": "bpc", "ppl": "ppl", "accuracy": "Acc.",
@@ -83,7 +83,7 @@ def render(table_id: str, results_dir: Path) -> str:
 
 
 def main(argv=None) -> str:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command_parser(description=__doc__)
     p.add_argument("table", choices=sorted(load_tables()), help="the table's id")
     p.add_argument("--results-dir", type=Path, default=Path("results"), help="where fairseq-plugins-evaluate wrote")
     p.add_argument("--out", type=Path, help="default: <results-dir>/<table>.md")

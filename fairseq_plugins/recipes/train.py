@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
+from ..command_line import command_parser
 from .config import ConfigError, load_config, run_key, seed_configs, train_flags
 from .data.language_modeling import check_format
 from .tools import MissingTool, Tools
@@ -78,7 +79,7 @@ def update_freq_arg(value: str) -> Optional[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command_parser(description=__doc__)
     p.add_argument("config", metavar="ROW", help="TABLE:ROW_ID, e.g. bpt-table7:bpt-k4 (TABLE: an id or a table file)")
     p.add_argument("--data", type=Path, help="data-bin directory (default: data-bin/<corpus>)")
     p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="checkpoints go to RUNS_DIR/<run key>")

@@ -9,13 +9,17 @@ predicted, gold entities) add up over batches and workers, so fairseq's metrics 
 
 from typing import List, Sequence, Tuple
 
-from seqeval.metrics.sequence_labeling import get_entities
-from seqeval.scheme import IOBES, Entities
+from fairseq_plugins.command_line import import_extra
 
 SCHEMES = ("BIO", "BIOES")
 
 
 def _entities(sequences: List[List[str]], scheme: str):
+    # imported here: the plugin loads (every task registers) without the "tagging" extra
+    import_extra("seqeval", "tagging", "span F1 of the sequence_tagging task")
+    from seqeval.metrics.sequence_labeling import get_entities
+    from seqeval.scheme import IOBES, Entities
+
     if scheme == "BIO":
         return [set(get_entities(seq)) for seq in sequences]
     if scheme == "BIOES":

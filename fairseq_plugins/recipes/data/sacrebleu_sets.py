@@ -11,6 +11,7 @@ filled beforehand (copy ``~/.sacrebleu`` from a machine that has run ``sacrebleu
 from typing import Dict
 
 from .common import Split
+from .download import DownloadFailed
 from .readers import read_plain
 
 
@@ -28,7 +29,7 @@ def sacrebleu_split(test_set: str, langpair: str) -> Split:
     try:
         files: Dict[str, str] = dict(zip(dataset.fieldnames(langpair), dataset.get_files(langpair)))
     except (OSError, SystemExit) as err:  # no network: urllib's URLError is an OSError
-        raise RuntimeError(
+        raise DownloadFailed(  # one line from the console commands, as for the corpus archives
             f"sacrebleu could not provide {test_set} {langpair} in {SACREBLEU_DIR} ({err}); "
             f"run 'sacrebleu -t {test_set} -l {langpair} --echo src' on a machine with network "
             "and copy its cache there (the SACREBLEU environment variable names the folder)"

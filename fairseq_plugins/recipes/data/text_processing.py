@@ -6,6 +6,8 @@ import logging
 import re
 from dataclasses import dataclass
 
+from fairseq_plugins.command_line import import_extra
+
 
 _CJK = "\u2e80-\u2fdf\u3000-\u303f\u3040-\u30ff\u3100-\u312f\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef"
 _CJK_CHAR_RE = re.compile(f"([{_CJK}])")
@@ -35,8 +37,7 @@ def segment_chinese(line: str, how: str) -> str:
         return _CJK_CHAR_RE.sub(r" \1 ", line)
     if how != "jieba":
         raise ValueError(f"unknown Chinese segmentation {how!r}; choose from {ZH_SEGMENTATIONS}")
-    import jieba
-
+    jieba = import_extra("jieba", "zh", "Chinese word segmentation (--zh-segmentation jieba)")
     if not jieba.dt.initialized:
         jieba.setLogLevel(logging.WARNING)  # not the dictionary-loading messages of every worker
         jieba.initialize()

@@ -26,13 +26,19 @@ NEWS_COMMENTARY_V9 = Archive(f"{STATMT}/wmt14/training-parallel-nc-v9.tgz",
                              ["news-commentary-v9.de-en.de", "news-commentary-v9.de-en.en"],
                              sha256="cb8953f292298e6877ae433c98912b927cb0766b303f4540512ddd286c748485")
 NC_V12_URL = f"{STATMT_DATA}/wmt17/translation-task/training-parallel-nc-v12.tgz"
+# sha256 as published in tensorflow_datasets' url_checksums/wmt17_translate.txt (168,591,139 bytes)
+NC_V12_SHA256 = "2b45f30ef1d550d302fd17dd3a5cbe19134ccc4c2cf50c2dae534aee600101a2"
 NEWS_COMMENTARY_V12_DE_EN = Archive(NC_V12_URL, ["news-commentary-v12.de-en.de",
-                                                 "news-commentary-v12.de-en.en"])
+                                                 "news-commentary-v12.de-en.en"], NC_V12_SHA256)
 NEWS_COMMENTARY_V12_ZH_EN = Archive(NC_V12_URL, ["news-commentary-v12.zh-en.zh",
-                                                 "news-commentary-v12.zh-en.en"])
+                                                 "news-commentary-v12.zh-en.en"], NC_V12_SHA256)
 
+# sha256 as published in tensorflow_datasets' url_checksums/wmt16_translate.txt (225,018,324 bytes;
+# the wmt18 folder's training-parallel-ep-v8.tgz is another file)
 EUROPARL_V8 = Archive(f"{STATMT_DATA}/wmt16/translation-task/training-parallel-ep-v8.tgz",
-                      ["europarl-v8.ro-en.en", "europarl-v8.ro-en.ro"])
+                      ["europarl-v8.ro-en.en", "europarl-v8.ro-en.ro"],
+                      sha256="8917bd3bef3bc894c8519ca1f8a4c7c330aad08a1263655a9d99ee13d532e3c7")
+# no published checksum of OPUS's Moses-format zip (tensorflow_datasets records its TMX file instead)
 SETIMES2 = Archive("https://object.pouta.csc.fi/OPUS-SETIMES/v2/moses/en-ro.txt.zip",
                    ["SETIMES.en-ro.en", "SETIMES.en-ro.ro"])
 
