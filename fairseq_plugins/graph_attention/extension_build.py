@@ -74,7 +74,7 @@ def ninja_directory() -> Path:
     try:
         import ninja
 
-        if (Path(ninja.BIN_DIR) / "ninja").is_file():
+        if ninja.BIN_DIR and (Path(ninja.BIN_DIR) / "ninja").is_file():  # "" when it has no binary
             return Path(ninja.BIN_DIR)
     except ImportError:
         pass
