@@ -117,7 +117,7 @@ def test_the_key_is_the_content_never_the_path(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_killed_build_leaves_nothing_that_blocks_the_next(tmp_path, counted, monkeypatch):
+def test_a_killed_build_leaves_nothing_that_blocks_the_next(tmp_path, counted):
     checkout = _checkout(tmp_path / "clone")
     slow = tmp_path / "bin" / "slow-c++"
     slow.write_text('#!/bin/sh\nsleep 60\nexec c++ "$@"\n')
@@ -151,7 +151,7 @@ def test_a_stale_torch_lock_file_is_not_reported(tmp_path, counted, capfd):
 
 
 @pytest.mark.slow
-def test_a_read_only_built_cache_is_used_as_it_is(tmp_path, counted, monkeypatch):
+def test_a_read_only_built_cache_is_used_as_it_is(tmp_path, counted):
     checkout = _checkout(tmp_path / "clone")
     built = _load_in_process(checkout)
     assert built.returncode == 0, built.stderr
