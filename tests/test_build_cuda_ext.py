@@ -1,6 +1,7 @@
-"""``scripts/build_cuda_ext.py`` on every machine a user has: it never fails set-up, says why it
-built nothing, builds without a GPU for ``TORCH_CUDA_ARCH_LIST`` (default 8.0 and 9.0), and
-finds the toolkit that ``nvcc`` belongs to even when ``nvcc`` is a wrapper outside it."""
+"""The CUDA kernels' toolkit and targets on every machine a user has: the toolkit that ``nvcc``
+belongs to even when ``nvcc`` is a wrapper outside it, why none can build, and the
+architectures a build is for and keyed by (``TORCH_CUDA_ARCH_LIST``, else the visible GPUs',
+else sm_80 and sm_90, built for real with nvcc on a machine without a GPU)."""
 
 import os
 import shutil
@@ -11,8 +12,8 @@ import pytest
 import torch
 from torch.utils import cpp_extension
 
-from fairseq_plugins.graph_attention import cuda_backend, cuda_toolkit
-from scripts import build_cuda_ext
+from fairseq_plugins.graph_attention import cuda_toolkit
+from fairseq_plugins.graph_attention.extension_build import Extension
 
 
 def _executable(path: Path, text: str) -> Path:
@@ -50,50 +51,48 @@ def cuda_torch_without_gpu(monkeypatch, clean_env):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
 
 
-def test_cpu_torch_builds_nothing_and_says_why(monkeypatch, clean_env, capsys):
-    monkeypatch.setattr(torch.version, "cuda", None)
-    assert build_cuda_ext.main([]) == 0
-    out = capsys.readouterr().out
-    assert "built nothing, torch" in out and "is a CPU-only build" in out
-    assert build_cuda_ext.main(["--require"]) == 1
+def _gpus(monkeypatch, *capabilities, built_for=("sm_80", "sm_90")):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(capabilities))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: capabilities[i])
+    monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: list(built_for))
 
 
-def test_without_nvcc_it_builds_nothing_and_says_why(cuda_torch_without_gpu, capsys):
-    assert build_cuda_ext.main([]) == 0
-    assert "built nothing, nvcc not found" in capsys.readouterr().out
-    assert build_cuda_ext.main(["--require"]) == 1
+def test_the_target_is_the_variable_else_the_gpus_else_sm80_and_sm90(monkeypatch, clean_env):
+    _gpus(monkeypatch)
+    assert cuda_toolkit.build_target() == {"TORCH_CUDA_ARCH_LIST": "8.0;9.0"}
+    _gpus(monkeypatch, (9, 0))  # an H100: what torch itself would pick
+    assert cuda_toolkit.build_target() == {"TORCH_CUDA_ARCH_LIST": "9.0+PTX"}
+    _gpus(monkeypatch, (9, 0), (8, 0), (9, 0))
+    assert cuda_toolkit.build_target() == {"TORCH_CUDA_ARCH_LIST": "8.0;9.0+PTX"}
+    _gpus(monkeypatch, (12, 0), built_for=("sm_80", "sm_90a"))  # newer than this torch: capped, as torch does
+    assert cuda_toolkit.build_target() == {"TORCH_CUDA_ARCH_LIST": "9.0+PTX"}
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.6")
+    assert cuda_toolkit.build_target() == {"TORCH_CUDA_ARCH_LIST": "8.6"}
 
 
-def test_without_gpu_it_builds_for_the_default_architectures(cuda_torch_without_gpu, monkeypatch, tmp_path,
-                                                             capsys):
-    toolkit = _fake_toolkit(tmp_path / "cuda")
-    monkeypatch.setenv("PATH", str(toolkit / "bin"))
-    seen = {}
-
-    def load_extension(verbose=False):
-        seen.update(archs=os.environ.get("TORCH_CUDA_ARCH_LIST"), home=cpp_extension.CUDA_HOME)
-
-    monkeypatch.setattr(cuda_backend, "load_extension", load_extension)
-    assert build_cuda_ext.main([]) == 0
-    assert seen == {"archs": "8.0;9.0", "home": str(toolkit.resolve())}
-    out = capsys.readouterr().out
-    assert f"CUDA toolkit {toolkit.resolve()} for TORCH_CUDA_ARCH_LIST=8.0;9.0" in out and "done in" in out
-    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a")  # the user's choice is kept
-    assert build_cuda_ext.main([]) == 0 and seen["archs"] == "9.0a"
-
-
-def test_a_failed_build_is_reported_not_fatal(cuda_torch_without_gpu, monkeypatch, tmp_path, capsys):
-    monkeypatch.setenv("CUDA_HOME", str(_fake_toolkit(tmp_path / "cuda")))
-
-    def load_extension(verbose=False):
-        raise RuntimeError("Error building extension 'fairseq_plugins_graph_attention_cuda'\n"
-                           "/usr/bin/ld: cannot find -lcudart")
-
-    monkeypatch.setattr(cuda_backend, "load_extension", load_extension)
-    assert build_cuda_ext.main([]) == 0
-    out = capsys.readouterr().out
-    assert "cannot find -lcudart" in out and "built nothing, the build failed" in out
-    assert build_cuda_ext.main(["--require"]) == 1
+def test_without_a_gpu_nvcc_builds_for_sm80_and_sm90(clean_env, monkeypatch, tmp_path):
+    """The real build path, through torch's build and nvcc, where torch alone would fail with an
+    IndexError looking for a GPU. With a CPU-only torch the link fails (no CUDA libraries of
+    torch): the compilation, which chose the architectures, is what is checked."""
+    nvcc = Path("/usr/local/cuda/bin/nvcc")
+    if not nvcc.is_file():
+        pytest.skip("no CUDA toolkit at /usr/local/cuda")
+    monkeypatch.setenv("CUDA_HOME", str(cuda_toolkit.nvcc_toolkit(str(nvcc))))
+    monkeypatch.setenv("PATH", os.environ.get("PATH", "") + ":/usr/bin:/bin")
+    monkeypatch.setenv("FAIRSEQ_PLUGINS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    source = tmp_path / "tiny_kernel.cu"
+    source.write_text("__global__ void tiny_kernel(float *x) { x[0] = 1.0f; }\n")
+    extension = Extension("tiny_cuda", "tiny", "tag", (source,), target=cuda_toolkit.build_target)
+    try:
+        extension.load()
+    except RuntimeError as error:
+        assert torch.version.cuda is None and "IndexError" not in str(error), error
+    directory = extension.build_directory()
+    assert directory == extension.build_directory({"TORCH_CUDA_ARCH_LIST": "8.0;9.0"})
+    assert (directory / "build" / "tiny_kernel.cuda.o").stat().st_size > 0
+    ninja = (directory / "build" / "build.ninja").read_text()
+    assert "-gencode=arch=compute_80,code=sm_80" in ninja and "-gencode=arch=compute_90,code=sm_90" in ninja
 
 
 def test_the_toolkit_is_the_one_a_wrapper_nvcc_runs(clean_env, monkeypatch, tmp_path):

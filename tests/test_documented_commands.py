@@ -95,7 +95,7 @@ def test_the_pages_show_commands_of_every_kind():
     """The extraction finds what the pages are known to show (a broken pattern finds nothing)."""
     assert {"fairseq-plugins-demo", "fairseq-plugins-install-fairseq", "fairseq-plugins-train"} <= set(OUR_COMMANDS)
     assert {"scripts.quality_study", "pytest"} <= set(MODULES)
-    assert "scripts/build_cpu_ext.py" in SCRIPTS
+    assert "scripts/readme_results.py" in SCRIPTS
     assert {"train", "generate", "preprocess", "interactive"} <= set(FAIRSEQ_COMMANDS)
     assert {"scripts/setup.sh", "scripts/demo.sh", "scripts/test.sh"} <= set(PATHS)
 

@@ -17,7 +17,7 @@ into it once.
 
 float32 and float64 (the tests compare float64 with the reference to ~1e-12); float16 and
 bfloat16 inputs (autocast) are computed in float32 and returned in their own dtype. The
-extension is built on first use or by ``scripts/build_cpu_ext.py`` into the per-user cache
+extension is built on first use or by ``fairseq-plugins-build-kernels`` into the per-user cache
 (``extension_build``); under "auto" a failed build fails the self-check (one warning) and
 leaves the torch backend in use.
 """

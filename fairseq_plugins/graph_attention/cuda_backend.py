@@ -1,8 +1,9 @@
 """The ``"cuda"`` backend of ``graph_attention``: fused kernels from ``cuda_ext/``.
 
 The extension is built with ``torch.utils.cpp_extension.load`` into a per-user cache
-(``$FAIRSEQ_PLUGINS_CACHE`` or ``~/.cache/fairseq_plugins``), either by
-``scripts/build_cuda_ext.py`` during set-up or on first use; later processes reuse the build.
+(``$FAIRSEQ_PLUGINS_CACHE`` or ``~/.cache/fairseq_plugins``; ``extension_build``) for the
+architectures of ``cuda_toolkit.build_target``, either by ``fairseq-plugins-build-kernels``
+during set-up or on first use; later processes reuse the build.
 Importing this module needs neither nvcc nor a GPU: it only registers the backend; the
 extension is loaded (built if needed) by the backend's ``prepare``, when it is about to run.
 
@@ -19,13 +20,12 @@ there.
 """
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from fairseq_plugins.graph_attention.cuda_toolkit import prepare_build
+from fairseq_plugins.graph_attention.cuda_toolkit import build_target, prepare_build
 from fairseq_plugins.graph_attention.extension_build import Extension
 from fairseq_plugins.graph_attention.registry import register_backend
 from fairseq_plugins.resources import resource_dir
@@ -51,12 +51,7 @@ EXTENSION = Extension(
     "fairseq_plugins_graph_attention_cuda", "cuda_ext",
     f"torch{torch.__version__}-cuda{torch.version.cuda}", SOURCES, cflags=CXX_FLAGS,
     cuda_cflags=NVCC_FLAGS, include_dirs=(SOURCE_DIR,),
-    requirement=prepare_build)
-
-
-def build_directory() -> Path:
-    """Where the extension is built and cached, one folder per torch/CUDA version."""
-    return EXTENSION.build_directory()
+    requirement=prepare_build, target=build_target)
 
 
 def load_extension(verbose: bool = False):

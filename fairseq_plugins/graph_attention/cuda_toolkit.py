@@ -6,6 +6,10 @@ script outside the toolkit (``/usr/local/bin/nvcc`` running ``/usr/local/cuda-13
 gives ``/usr/local``, and the link step then fails with ``cannot find -lcudart``). Here the
 toolkit is the one ``nvcc`` itself reports (its ``TOP`` in ``nvcc --dryrun``), checked for the
 headers and the runtime library that the build needs, and handed to torch's build.
+
+The architectures built for are chosen here too, before torch would (``build_target``): a
+build is keyed by them, and torch's own choice without ``TORCH_CUDA_ARCH_LIST`` needs a GPU
+(without one it fails with an ``IndexError``).
 """
 
 import os
@@ -13,11 +17,12 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Optional
+from typing import Dict, Optional
 
 import torch
 
 DEFAULT_CUDA_HOME = Path("/usr/local/cuda")  # where torch, too, looks when nvcc is not on PATH
+DEFAULT_ARCHITECTURES = "8.0;9.0"  # A100 and H100, built for where no GPU is visible
 RUNTIME_LIBRARIES = ("lib64/libcudart.so", "lib/libcudart.so", "targets/x86_64-linux/lib/libcudart.so")
 
 
@@ -76,3 +81,24 @@ def prepare_build() -> Optional[str]:
 
     cpp_extension.CUDA_HOME = str(home)  # read by torch's build at call time, even when imported before
     return None
+
+
+def visible_architectures() -> str:
+    """The visible GPUs' architectures as torch would build for them ("8.0;9.0+PTX": each
+    capability, capped at the newest that this torch was built for, the newest with PTX), or
+    "" without a GPU."""
+    capabilities = sorted({torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
+    if not capabilities:
+        return ""
+    supported = [tuple(divmod(int(arch.split("_")[1].rstrip("a")), 10)) for arch in torch.cuda.get_arch_list()
+                 if arch.startswith("sm_")]
+    newest = max(supported, default=max(capabilities))
+    archs = sorted({f"{major}.{minor}" for major, minor in (min(c, newest) for c in capabilities)})
+    return ";".join(archs[:-1] + [archs[-1] + "+PTX"])
+
+
+def build_target() -> Dict[str, str]:
+    """What the CUDA kernels are built for: ``TORCH_CUDA_ARCH_LIST`` when set, else the
+    visible GPUs' architectures, else ``DEFAULT_ARCHITECTURES``."""
+    archs = os.environ.get("TORCH_CUDA_ARCH_LIST") or visible_architectures() or DEFAULT_ARCHITECTURES
+    return {"TORCH_CUDA_ARCH_LIST": archs}
