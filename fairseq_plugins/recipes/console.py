@@ -51,3 +51,9 @@ evaluate = _command("evaluate")
 results_table = _command("results_table")
 reproduce_table = _command("reproduce_table")
 demo = _command("demo")
+
+
+def build_kernels() -> int:
+    """Console command: ``fairseq_plugins.graph_attention.build_kernels.main()``, with its exit code."""
+    return one_line_errors(lambda: importlib.import_module("fairseq_plugins.graph_attention.build_kernels").main(),
+                           sys.argv[1:])
