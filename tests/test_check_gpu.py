@@ -304,7 +304,8 @@ class MaskBug(torch.autograd.Function):
 
 @pytest.fixture
 def broken_backends(monkeypatch):
-    monkeypatch.setattr(registry, "_BACKENDS", dict(registry._BACKENDS))
+    """The op's dispatcher, for this test, one with wrong backends added (``register_backend``)."""
+    monkeypatch.setattr(registry, "DEFAULT", registry.Dispatcher())
     register_backend("off-by-scale", lambda q, k, v, graph, rel, mask, p, scale:
                      graph_attention(q, k, v, graph, rel, mask, p, 1.01 * scale, backend="torch"))
     register_backend("upcast", lambda q, k, v, graph, rel, mask, p, scale:

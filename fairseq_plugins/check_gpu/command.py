@@ -41,17 +41,19 @@ from fairseq_plugins.check_gpu.lm_update import markdown as lm_markdown
 from fairseq_plugins.check_gpu.model_update import markdown as update_markdown
 from fairseq_plugins.check_gpu.op_benchmark import markdown as benchmark_markdown
 from fairseq_plugins.check_gpu.runner import Progress, Step, StepResult, python_env, run_steps
+from fairseq_plugins.graph_attention.registry import AUTO_CANDIDATES, OWN_GPU_KERNELS
 
 PACKAGE = Path(__file__).resolve().parents[1]  # the fairseq_plugins this command belongs to
 NO_GPU_EXIT = 2
+# timeout and estimate (s) of a backend's test group: the fast ones (the cuda group's first
+# call builds the extension), and the torch reference (what auto falls back to)
+FAST_TEST_TIMES, REFERENCE_TEST_TIMES = (3600, 900), (1800, 300)
 TEST_GROUPS = {  # group: (test module, backend, timeout s, estimate s)
-    "triton": ("test_backend", "triton", 3600, 900),
-    "cuda": ("test_backend", "cuda", 3600, 900),  # the first call builds the extension
-    "flex": ("test_backend", "flex", 3600, 900),
-    "torch": ("test_backend", "torch", 1800, 300),  # the reference, and what auto falls back to
-    "auto": ("test_selection", None, 1800, 300),
+    **{name: ("test_backend", name, *(REFERENCE_TEST_TIMES if name == "torch" else FAST_TEST_TIMES))
+       for name in AUTO_CANDIDATES},
+    "auto": ("test_selection", None, *REFERENCE_TEST_TIMES),
 }
-SANITIZED = ("triton", "cuda")
+SANITIZED = OWN_GPU_KERNELS
 SANITIZER_TIMEOUT_S, SANITIZER_ESTIMATE_S = 3600, 1200
 BENCHMARKS = {  # preset: op benchmark, model update and LM update options, estimate s, timeout s
     "full": ([], [], [], 2400, 7200),

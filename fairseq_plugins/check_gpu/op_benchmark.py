@@ -34,9 +34,10 @@ import torch.nn.functional as F
 from fairseq_plugins.check_gpu.kernel_checks import errors_against_float64, relative_errors
 from fairseq_plugins.check_gpu.runner import PROGRESS, format_duration
 from fairseq_plugins.graph_attention import graph_attention
+from fairseq_plugins.graph_attention.registry import AUTO_CANDIDATES
 from fairseq_plugins.graphs.binary_partition import bpt_graph
 
-GRAPH_BACKENDS = ("triton", "cuda", "flex", "torch")
+GRAPH_BACKENDS = AUTO_CANDIDATES
 # kernels PyTorch launches around an attention kernel (CUDA names, and ATen ops on the CPU);
 # every other kernel is counted as the attention's own
 GLUE = re.compile(r"at::native|at::|cub::|cutlass::Kernel.*gemm|gemm|Memcpy|Memset|"
