@@ -178,6 +178,20 @@ def test_a_corrupt_cache_is_ignored_with_a_warning_and_rewritten(gpu):
     assert [p.name for p in cache_file.parent.iterdir()] == [cache_file.name]  # no temporary file left
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0])
+def test_a_stored_time_that_is_not_a_finite_number_is_discarded(tmp_path, bad):
+    """JSON keeps NaN and Infinity, and NaN would sort first: such an entry is timed again,
+    with a warning, and the file's other entries still count."""
+    writer = autotune.Autotuner(tmp_path)
+    good, poisoned = (autotune.TuningKey("fake", torch.float16, None, 64, size, False) for size in (256, 512))
+    writer._write(good, autotune.Timing({"a": 1.0, "b": 2.0}, {}))
+    writer._write(poisoned, autotune.Timing({"a": 1.0, "b": bad}, {}))
+    reader = autotune.Autotuner(tmp_path)  # a new process: nothing in memory
+    with pytest.warns(RuntimeWarning, match=r"ignoring the graph attention timing of .*nodes <= 512.*\{'b': "):
+        assert reader.lookup(poisoned) is None
+    assert reader.lookup(good).fastest_first(["a", "b"]) == ["a", "b"]
+
+
 def test_a_stored_winner_that_now_refuses_gives_the_next_fastest(gpu):
     graph, q, k, v, rel = _inputs()
     with pytest.warns(RuntimeWarning):
