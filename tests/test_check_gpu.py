@@ -77,7 +77,9 @@ def test_plan_runs_each_group_in_its_own_process_and_sanitizes_triton_and_cuda(t
     assert memcheck.env["FAIRSEQ_PLUGINS_CHECK_SIZE"] == "small"
     assert steps[6].env["FAIRSEQ_PLUGINS_CHECK_BACKEND"] == "cuda"
     op = steps[7].command
-    assert op[2] == "fairseq_plugins.check_gpu.op_benchmark" and "cuda" in op
+    assert op[2] == "fairseq_plugins.check_gpu.op_benchmark"
+    start = op.index("--backends") + 1  # the fast backends first, the slow torch reference last
+    assert op[start:start + 5] == ["sdpa", "triton", "cuda", "flex", "torch"] == ["sdpa", *registry.AUTO_CANDIDATES]
     assert op[op.index("--out") + 1] == str(tmp_path / "op_benchmark.json")
     lm = steps[9].command
     assert lm[2] == "fairseq_plugins.check_gpu.lm_update" and lm[lm.index("--device") + 1] == "cuda"

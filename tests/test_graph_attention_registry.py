@@ -62,7 +62,7 @@ def _self_check_calls():
 
 
 CHECK_CALLS = _self_check_calls()  # backend calls of one passing self-check
-GRAPH = bpt_graph(4, 2)  # 4 tokens: as many nodes as the tensors handed to auto_backend below
+GRAPH = bpt_graph(4, 2)  # 4 tokens: as many nodes as the tensors handed to dispatcher.auto below
 
 
 def _inputs(dim=16):

@@ -132,7 +132,7 @@ def plan(args, sanitizer: Optional[str], nvcc: Optional[str], log_dir: Path) -> 
             steps.append(Step(name, None, 0, 0, skip_reason=f"--benchmark {args.benchmark}"))
         return cap_timeouts(steps, args.step_timeout)
     op_options, update_options, lm_options, estimate, timeout = BENCHMARKS[args.benchmark]
-    backends = ["sdpa", "flex", "torch", "triton"] + (["cuda"] if nvcc else [])
+    backends = ["sdpa", *(name for name in AUTO_CANDIDATES if name != "cuda" or nvcc)]
     op = [sys.executable, "-m", "fairseq_plugins.check_gpu.op_benchmark", "--out",
           str(log_dir / "op_benchmark.json"), "--device", args.device, "--backends", *backends,
           *op_options, *args.benchmark_option]
