@@ -270,8 +270,7 @@ class Dispatcher:
         skipped: Dict[str, str] = {}  # fast backend -> why it is not used
         if query.device.type not in self.timed_devices:
             for name in self.cpu_preference if query.device.type == "cpu" else ():
-                skipped[name] = self.refuses(name, query, graph, dropout_p) or self.self_check_error(
-                    name, query, rel_dtype)
+                skipped[name] = self.refuses(name, query, graph, dropout_p) or self._distrust(name, query, rel_dtype)
                 if skipped[name] is None:
                     return name
             return self._fall_back(query, skipped)
@@ -286,8 +285,8 @@ class Dispatcher:
                                  autotune.size_bucket(graph.num_nodes), dropout_p > 0)
         timing = self.autotuner.lookup(key)
         if timing is None or not timing.covers(names):
-            untrusted = {name: f"self-check: {self.self_check_error(name, query, rel_dtype)}"
-                         for name in names if self.self_check_error(name, query, rel_dtype)}
+            untrusted = {name: self._distrust(name, query, rel_dtype) for name in names
+                         if self._distrust(name, query, rel_dtype)}
             correct = [name for name in names if name not in untrusted]
             if len(correct) < 2:
                 skipped.update(untrusted)
@@ -298,15 +297,19 @@ class Dispatcher:
                     torch.random.fork_rng(devices=[query.device] if query.is_cuda else []):
                 timing = self.autotuner.tune(key, correct, make_run, query.device, untrusted)
         for name in timing.fastest_first(names):  # a timing from disk: check the winner in this process
-            error = self.self_check_error(name, query, rel_dtype)
-            if error is None:
+            skipped[name] = self._distrust(name, query, rel_dtype)
+            if skipped[name] is None:
                 if name != "torch":
                     return name
                 skipped.update({other: f"timed slower: {timing.summary()}" for other in timing.times_ms})
                 break
-            skipped[name] = f"self-check: {error}"
         skipped.update(timing.failed)
         return self._fall_back(query, skipped)
+
+    def _distrust(self, name: str, query: torch.Tensor, rel_dtype: Optional[torch.dtype]) -> Optional[str]:
+        """Why "auto" does not trust backend ``name`` here (its failed self-check), or None."""
+        error = self.self_check_error(name, query, rel_dtype)
+        return None if error is None else f"self-check: {error}"
 
     def _fall_back(self, query: torch.Tensor, skipped: Dict[str, str]) -> str:
         """"torch", logged once per device and dtype with why each fast backend was skipped."""
