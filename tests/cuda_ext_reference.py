@@ -5,7 +5,7 @@ the comparison of outputs and every gradient with float64."""
 import torch
 
 from fairseq_plugins.graph_attention import cuda_backend
-from fairseq_plugins.graph_attention.registry import graph_attention
+from fairseq_plugins.graph_attention.registry import dropout_seed, graph_attention
 
 # max |kernel - float64 reference| allowed, relative to the reference's max magnitude
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
@@ -99,11 +99,12 @@ def check_dropout(graph, q, k, v, rel, kpm, p, split_edges=cuda_backend.SPLIT_ED
     scale = q.size(-1) ** -0.5
 
     def attention(*leaves):
-        return cuda_backend.fused_graph_attention(*leaves[:3], graph, leaves[3], kpm, p, scale, split_edges)
+        return cuda_backend.fused_graph_attention(*leaves[:3], graph, leaves[3], kpm, p, scale,
+                                                  dropout_seed(q.device, p), split_edges)
     torch.manual_seed(seed)
     actual = run(attention, [q, k, v, rel], grad_out)
     torch.manual_seed(seed)
-    rng = cuda_backend.dropout_rng(q)
+    rng = dropout_seed(q.device, p)
     plan = cuda_backend.plan_on(graph, q.device, split_edges)
     keep = graph_order_keep_mask(rng.cpu(), plan, q.size(0) * q.size(1), p).to(q.device)
     leaves = [t.double().requires_grad_() for t in (q, k, v, rel)]

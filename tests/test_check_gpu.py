@@ -14,13 +14,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fairseq_plugins.check_gpu import command, kernel_checks, lm_update, model_update, op_benchmark, runner
+from fairseq_plugins.check_gpu import (
+    command, headline, kernel_checks, lm_update, model_update, op_benchmark, runner,
+)
 from fairseq_plugins.check_gpu.cases import TILED_GRAPHS
 from fairseq_plugins.graph_attention import graph_attention, register_backend, registry
 from fairseq_plugins.graphs.binary_partition import bpt_graph
 
 TINY_BENCHMARK = ["--lengths", "16", "40", "--ks", "1", "2", "--tokens", "64", "--heads", "2",
                   "--head-dim", "16", "--dtype", "float32", "--iters", "2", "--warmup", "1"]
+TINY_HEADLINE = ["--n", "16", "--heads", "2", "--head-dim", "32", "--warmup", "1", "--iters", "1"]
 TINY_UPDATE = ["--size", "tiny", "--tokens", "64", "--length", "8", "--vocab", "50",
                "--updates", "1", "--dtype", "float32"]
 TINY_LM = ["--contexts", "16", "32", "--ks", "2", "--checkpointed-ks", "2", "--recomputed-ks", "--layers", "1",
@@ -52,10 +55,15 @@ def test_without_pytest_it_says_how_to_get_it(tmp_path, monkeypatch, capsys):
 def test_plan_runs_each_group_in_its_own_process_and_sanitizes_triton_and_cuda(tmp_path):
     steps = command.plan(args_for(), "/cuda/bin/compute-sanitizer", "/cuda/bin/nvcc", tmp_path)
     names = [s.name for s in steps]
-    assert names == ["tests: triton", "tests: cuda", "tests: flex", "tests: torch", "tests: auto",
+    assert names == ["headline: sdpa", "headline: flex", "headline: triton", "headline: cuda",
+                     "tests: triton", "tests: cuda", "tests: flex", "tests: torch", "tests: auto",
                      "compute-sanitizer memcheck: triton", "compute-sanitizer memcheck: cuda",
                      "op benchmark", "model update", "language-model update"]
     assert all(s.command and s.timeout_s > 0 for s in steps)
+    headline, steps = steps[2], steps[4:]  # the headline first, one process per backend, alone
+    assert headline.command[2:5] == ["fairseq_plugins.check_gpu.headline", "--backend", "triton"]
+    assert headline.command[headline.command.index("--out") + 1] == str(tmp_path / command.HEADLINE_JSON)
+    assert not headline.concurrent and headline.env["TRITON_INTERPRET"] is None
     triton = steps[0]
     assert triton.command[-2:] == ["--pyargs", "fairseq_plugins.check_gpu.gpu_tests.test_backend"]
     assert triton.env["FAIRSEQ_PLUGINS_CHECK_BACKEND"] == "triton"
@@ -69,7 +77,9 @@ def test_plan_runs_each_group_in_its_own_process_and_sanitizes_triton_and_cuda(t
     assert memcheck.env["FAIRSEQ_PLUGINS_CHECK_SIZE"] == "small"
     assert steps[6].env["FAIRSEQ_PLUGINS_CHECK_BACKEND"] == "cuda"
     op = steps[7].command
-    assert op[2] == "fairseq_plugins.check_gpu.op_benchmark" and "cuda" in op
+    assert op[2] == "fairseq_plugins.check_gpu.op_benchmark"
+    start = op.index("--backends") + 1  # the fast backends first, the slow torch reference last
+    assert op[start:start + 5] == ["sdpa", "triton", "cuda", "flex", "torch"] == ["sdpa", *registry.AUTO_CANDIDATES]
     assert op[op.index("--out") + 1] == str(tmp_path / "op_benchmark.json")
     lm = steps[9].command
     assert lm[2] == "fairseq_plugins.check_gpu.lm_update" and lm[lm.index("--device") + 1] == "cuda"
@@ -82,7 +92,7 @@ def test_without_nvcc_or_sanitizer_their_steps_are_skipped_with_the_reason(tmp_p
     for group in ("triton", "cuda"):
         skipped = steps[f"compute-sanitizer memcheck: {group}"]
         assert skipped.command is None and "compute-sanitizer not found" in skipped.skip_reason
-    for name in command.BENCHMARK_STEPS:
+    for name in command.BENCHMARK_STEPS + tuple(f"headline: {b}" for b in headline.BACKENDS):
         assert steps[name].command is None and steps[name].skip_reason == "--benchmark none"
     quick = command.plan(args_for("--benchmark", "quick"), None, None, tmp_path)
     op = next(s for s in quick if s.name == "op benchmark").command
@@ -217,10 +227,10 @@ def test_jobs_share_the_concurrent_estimates_and_step_timeout_caps_every_step(tm
     steps = command.plan(args_for("--step-timeout", "120", "--jobs", "2"), "/cuda/bin/compute-sanitizer",
                          "/cuda/bin/nvcc", tmp_path)
     assert all(s.timeout_s <= 120 and s.estimate_s <= 120 for s in steps)
-    assert [s.concurrent for s in steps] == [True] * 7 + [False] * 3
-    assert command.plan(args_for(), None, "/cuda/bin/nvcc", tmp_path)[0].timeout_s == 3600
+    assert [s.concurrent for s in steps] == [False] * 4 + [True] * 7 + [False] * 3  # the headline alone
+    assert command.plan(args_for(), None, "/cuda/bin/nvcc", tmp_path)[4].timeout_s == 3600
     progress = runner.Progress(steps, lambda _: None, jobs=2)
-    assert progress.left() == pytest.approx(7 * 120 / 2 + 3 * 120, abs=2)
+    assert progress.left() == pytest.approx(4 * 90 + 7 * 120 / 2 + 3 * 120, abs=2)
     with pytest.raises(SystemExit):
         command.main(["--jobs", "0"])
 
@@ -304,7 +314,8 @@ class MaskBug(torch.autograd.Function):
 
 @pytest.fixture
 def broken_backends(monkeypatch):
-    monkeypatch.setattr(registry, "_BACKENDS", dict(registry._BACKENDS))
+    """The op's dispatcher, for this test, one with wrong backends added (``register_backend``)."""
+    monkeypatch.setattr(registry, "DEFAULT", registry.Dispatcher())
     register_backend("off-by-scale", lambda q, k, v, graph, rel, mask, p, scale:
                      graph_attention(q, k, v, graph, rel, mask, p, 1.01 * scale, backend="torch"))
     register_backend("upcast", lambda q, k, v, graph, rel, mask, p, scale:
@@ -408,6 +419,20 @@ def test_op_benchmark_at_tiny_sizes_on_the_cpu(tmp_path, capsys):
     assert "| 40 | 2 | torch | 0.0 |" in table and "Profiler split" in table
 
 
+def test_op_benchmark_writes_every_row_as_soon_as_it_is_measured(tmp_path, monkeypatch):
+    out, real = tmp_path / "op.json", op_benchmark.measure
+
+    def stopped_at_the_second_row(backend, *rest):
+        if backend == "torch":
+            raise KeyboardInterrupt  # the step's timeout, say
+        return real(backend, *rest)
+    monkeypatch.setattr(op_benchmark, "measure", stopped_at_the_second_row)
+    with pytest.raises(KeyboardInterrupt):
+        op_benchmark.main(["--out", str(out), "--device", "cpu", "--backends", "sdpa", "torch", *TINY_BENCHMARK])
+    (case,) = json.loads(out.read_text())["cases"]
+    assert [row["backend"] for row in case["rows"]] == ["sdpa"]
+
+
 def test_op_benchmark_error_column_sees_a_wrong_backend(broken_backends):
     args = op_benchmark.parser().parse_args(["--out", "unused", "--device", "cpu", *TINY_BENCHMARK])
     row = op_benchmark.measure("off-by-scale", bpt_graph(16, 1), 16, 0.0, args)
@@ -431,15 +456,16 @@ def test_the_whole_command_on_the_cpu(tmp_path, capsys):
             "--benchmark-option=--backends", "--benchmark-option=sdpa", "--benchmark-option=torch",
             *[f"--update-option={o}" for o in TINY_UPDATE],
             "--update-option=--models", "--update-option=transformer", "--update-option=segtree",
-            *[f"--lm-option={o}" for o in TINY_LM]]
+            *[f"--lm-option={o}" for o in TINY_LM], *[f"--headline-option={o}" for o in TINY_HEADLINE]]
     assert command.main(argv) == 0
     console = capsys.readouterr().out
-    assert "[1/4] tests: torch: running" in console and "case 4/4 (n 40, k 2) done" in console
+    assert "[5/8] tests: torch: running" in console and "case 4/4 (n 40, k 2) done" in console
     stem = command.report_stem("none")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [f"{stem}.json", f"{stem}.md",
                                                                     f"{stem}_logs"]
     data = json.loads((tmp_path / "out" / f"{stem}.json").read_text())
-    assert data["passed"] and [s["status"] for s in data["steps"]] == ["passed"] * 4
+    assert data["passed"] and [s["status"] for s in data["steps"]] == ["passed"] * 8
+    assert [row["backend"] for row in data["headline"]["rows"]] == list(headline.BACKENDS)
     assert data["op_benchmark"]["cases"][0]["rows"][0]["backend"] == "sdpa"
     assert set(data["model_update"]["results"]) == {"transformer", "segtree"}
     assert set(data["lm_update"]["results"]) == {"transformer_lm", "bpt_lm k2", "bpt_lm k2 checkpointed"}
@@ -448,6 +474,70 @@ def test_the_whole_command_on_the_cpu(tmp_path, capsys):
     report = (tmp_path / "out" / f"{stem}.md").read_text()
     assert "## Graph attention per op" in report and "## One training update per model" in report
     assert "## Language models at long context" in report and "| bpt_lm k2 checkpointed | 32 |" in report
+
+
+def test_benchmark_headline_runs_the_headline_then_the_tests_and_nothing_else(tmp_path):
+    steps = command.plan(args_for("--benchmark", "headline"), "/cuda/bin/compute-sanitizer", "/cuda/bin/nvcc",
+                         tmp_path)
+    ran = [s.name for s in steps if s.command]
+    assert ran[:4] == [f"headline: {b}" for b in ("sdpa", "flex", "triton", "cuda")]
+    assert ran[4:] == [s.name for s in steps if s.name.startswith(("tests:", "compute-sanitizer"))]
+    for name in command.BENCHMARK_STEPS:
+        assert next(s for s in steps if s.name == name).skip_reason == "--benchmark headline"
+
+
+def test_a_headline_row_is_added_as_soon_as_it_is_measured(tmp_path):
+    out = tmp_path / "headline.json"
+    options = ["--out", str(out), "--device", "cpu", "--dtype", "float32", *TINY_HEADLINE]
+    assert headline.main(["--backend", "sdpa", *options]) == 0
+    assert [row["backend"] for row in json.loads(out.read_text())["rows"]] == ["sdpa"]
+    assert headline.main(["--backend", "cuda", *options]) == 0
+    assert headline.main(["--backend", "sdpa", *options]) == 0  # again: replaces its row
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["backend"] for row in rows] == ["cuda", "sdpa"] and rows[1]["status"] == "ok"
+    assert rows[0]["status"] == "refused: CUDA tensors only, got cpu"
+    with pytest.raises(SystemExit, match="holds rows of other settings"):
+        headline.main(["--backend", "sdpa", *options, "--k", "2"])
+
+
+def test_the_headline_gives_speedups_over_sdpa_and_flex_on_wall_and_kernel_time():
+    def row(backend, total, kernels):
+        return {"backend": backend, "forward_ms": total / 2, "backward_ms": total / 2, "total_ms": total,
+                "kernel_ms": kernels, "status": "ok"}
+    settings = {"n": 8192, "k": 4, "dtype": "bfloat16", "heads": 8, "head_dim": 64, "device": "cuda",
+                "iters": 10, "warmup": 3}
+    table = headline.markdown({"settings": settings, "environment": {"gpu": "H100"}, "rows": [
+        row("sdpa", 2.0, 1.6), row("flex", 1.0, 0.6), row("triton", 0.5, 0.2),
+        {"backend": "cuda", "status": "refused: no nvcc"}]})
+    assert "| vs SDPA (wall) | vs flex (wall) | GPU-kernel ms | vs SDPA (kernels) | vs flex (kernels) |" in table
+    assert "| triton | 0.250 | 0.250 | 0.500 | 4.00x | 2.00x | 0.200 | 8.00x | 3.00x | - | ok |" in table
+    assert "| cuda | - | - | - | - | - | - | - | - | - | refused: no nvcc |" in table
+
+
+def test_the_headline_dry_run_of_the_whole_command_on_the_cpu(tmp_path, monkeypatch):
+    """Every headline backend gets a row: measured where it runs on a CPU (triton under the
+    interpreter), else with the reason; the headline comes before the tests."""
+    from tests.triton_interpreter import skip_reason
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    argv = ["--device", "cpu", "--benchmark", "headline", "--groups", "torch", "--size", "small",
+            "--out", str(tmp_path), *[f"--headline-option={o}" for o in TINY_HEADLINE]]
+    assert command.main(argv) == 0
+    data = json.loads((tmp_path / f"{command.report_stem('none')}.json").read_text())
+    assert [s["name"] for s in data["steps"] if s["status"] != "skipped"] == [
+        "headline: sdpa", "headline: flex", "headline: triton", "headline: cuda", "tests: torch"]
+    rows = {row["backend"]: row for row in data["headline"]["rows"]}
+    assert list(rows) == list(headline.BACKENDS)
+    assert rows["sdpa"]["status"] == "ok" and rows["sdpa"]["kernel_ms"] > 0
+    if skip_reason():
+        assert rows["triton"]["status"] == f"refused: {skip_reason()}"
+    else:
+        assert rows["triton"]["status"] == "ok" and max(rows["triton"]["errors"].values()) < 5e-2
+    assert rows["flex"]["status"].startswith("NotImplementedError: FlexAttention does not support backward on CPU")
+    assert rows["cuda"]["status"] == "refused: CUDA tensors only, got cpu"
+    report = (tmp_path / f"{command.report_stem('none')}.md").read_text()
+    assert "## The headline: graph attention against SDPA and flex" in report and "CPU op (no GPU) ms" in report
+    assert "| cuda | - | - | - | - | - | - | - | - | - | refused: CUDA tensors only, got cpu |" in report
 
 
 def test_lm_update_reports_a_failing_model_and_times_the_others(tmp_path, monkeypatch):

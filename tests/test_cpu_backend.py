@@ -204,4 +204,4 @@ def test_auto_uses_the_kernel_on_cpu_for_any_graph_and_dtype():
     for graph in (bpt_graph(512, 4), bpt_graph(10, 4), tree_free(random_tree_graph(30, 3))):
         q = torch.randn(1, 1, graph.num_nodes, 32)
         for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
-            assert registry.auto_backend(q.to(dtype), graph) == "cpu"
+            assert registry.DEFAULT.auto(q.to(dtype), graph) == "cpu"

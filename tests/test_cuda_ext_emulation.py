@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fairseq_plugins.check_gpu.cases import random_graph
-from fairseq_plugins.graph_attention import cuda_backend
+from fairseq_plugins.graph_attention import cuda_backend, registry
 from fairseq_plugins.graphs.binary_partition import bpt_graph, node_present, segtree_graph
 from tests.cuda_ext_emulation import load_emulation
 from tests.cuda_ext_reference import check_against_torch, check_dropout, run
@@ -36,7 +36,7 @@ def inputs(graph, dim, dtype=torch.float32, lengths=None, batch=2, heads=2, seed
 def fused(graph, kpm, split=SPLIT, dropout_p=0.0):
     """The backend's glue and ops, their CPU kernel being the emulation (fixture)."""
     return lambda q, k, v, r: cuda_backend.fused_graph_attention(
-        q, k, v, graph, r, kpm, dropout_p, split_edges=split)
+        q, k, v, graph, r, kpm, dropout_p, seed=registry.dropout_seed(q.device, dropout_p), split_edges=split)
 
 
 @pytest.mark.parametrize("dim", [32, 64, 128])
@@ -87,3 +87,5 @@ def test_bad_inputs_raise_clear_errors(emulation):
         cuda_backend.fused_graph_attention(q, k.half(), v, graph)
     with pytest.raises(ValueError, match="dropout_p"):
         cuda_backend.fused_graph_attention(q, k, v, graph, dropout_p=1.0)
+    with pytest.raises(ValueError, match="dropout needs the op's seed tensor"):
+        cuda_backend.fused_graph_attention(q, k, v, graph, dropout_p=0.1)

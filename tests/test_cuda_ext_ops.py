@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fairseq_plugins.graph_attention import cuda_backend
+from fairseq_plugins.graph_attention import cuda_backend, registry
 from fairseq_plugins.graphs.binary_partition import bpt_graph, node_present
 from tests.compile_support import needs_traceable_op
 from tests.cuda_ext_emulation import load_emulation
@@ -55,7 +55,8 @@ def _attention(kpm, dropout_p=0.0):
     cuda_backend.plan_on(GRAPH, "cpu", SPLIT)
 
     def attention(q, k, v, rel):
-        return cuda_backend.fused_graph_attention(q, k, v, GRAPH, rel, kpm, dropout_p, split_edges=SPLIT)
+        return cuda_backend.fused_graph_attention(q, k, v, GRAPH, rel, kpm, dropout_p,
+                                                  seed=registry.dropout_seed(q.device, dropout_p), split_edges=SPLIT)
     return attention
 
 
@@ -87,7 +88,7 @@ def test_opcheck_of_both_ops(emulation, dropout_p, strided):
     dispatch (the checks ``torch.library.opcheck`` runs)."""
     (q, k, v, rel), kpm = _inputs(requires_grad=True, strided=strided)
     assert q.is_contiguous() != strided
-    rng = cuda_backend.dropout_rng(q) if dropout_p else None
+    rng = registry.dropout_seed(q.device, dropout_p)
     args = (q, k, v, rel, kpm, *_plan_args(), 0.25, dropout_p, rng)
     torch.library.opcheck(torch.ops.fairseq_plugins.cuda_graph_attention.default, args)
     out, lse = cuda_backend.forward_op(*args)
@@ -175,17 +176,16 @@ def test_a_compiled_bpt_layer_on_the_kernels_matches_eager(emulation, monkeypatc
     name: ``cuda`` itself refuses CPU tensors), compiled without a graph break."""
     from fairseq.models.transformer import TransformerConfig
 
-    from fairseq_plugins.graph_attention import registry
     from fairseq_plugins.modules.bpt.graph_transformer_layers import GraphEncoderLayer
 
-    def kernels(query, key, value, graph, rel_key, key_padding_mask, dropout_p, scale):
+    def kernels(query, key, value, graph, rel_key, key_padding_mask, dropout_p, scale, seed):
         return cuda_backend.fused_graph_attention(query, key, value, graph, rel_key, key_padding_mask, dropout_p,
-                                                  scale, split_edges=SPLIT)
+                                                  scale, seed, split_edges=SPLIT)
 
     def prepare(query, graph):
         cuda_backend.plan_on(graph, query.device, SPLIT)
-    monkeypatch.setitem(registry._BACKENDS, "cuda_kernels_on_cpu",
-                        registry.Backend("cuda_kernels_on_cpu", kernels, prepare=prepare))
+    monkeypatch.setattr(registry, "DEFAULT", registry.Dispatcher())  # the op's, for this test
+    registry.DEFAULT.register(registry.Backend("cuda_kernels_on_cpu", kernels, prepare=prepare, seeded=True))
     graph = bpt_graph(12, 2)
     cfg = TransformerConfig()
     cfg.encoder.embed_dim, cfg.encoder.ffn_embed_dim, cfg.encoder.attention_heads = 64, 64, 2

@@ -13,6 +13,8 @@ from fairseq_plugins.graphs.binary_partition import bpt_graph, node_present
 AUTOCAST_DTYPES = (torch.bfloat16, torch.float16)
 TOLERANCE = {torch.bfloat16: 4e-2, torch.float16: 6e-3}  # of the largest reference value
 
+TORCH_FN = registry.DEFAULT.get("torch").fn
+
 
 def tree_free(graph: AttentionGraph) -> AttentionGraph:
     return AttentionGraph(graph.num_nodes, graph.indptr, graph.indices, graph.edge_type,
@@ -83,7 +85,7 @@ def test_cpu_kernel_under_cpu_autocast(dtype):
     check_under_autocast("cpu", bpt_graph(70, 2), [70, 33], dtype)
     q = torch.zeros(1, 1, 4, 16)
     with torch.autocast("cpu", dtype=dtype):  # auto keeps the kernel under autocast
-        assert registry.auto_backend(q.to(dtype), bpt_graph(2, 2)) == "cpu"
+        assert registry.DEFAULT.auto(q.to(dtype), bpt_graph(2, 2)) == "cpu"
 
 
 def test_flex_forward_under_cpu_autocast():
@@ -100,20 +102,21 @@ def test_triton_kernels_under_cpu_autocast():
     check_under_autocast("triton", bpt_graph(20, 2), [20, 9], torch.bfloat16)
 
 
-def test_the_backends_run_with_autocast_off_and_get_autocast_dtype_inputs(monkeypatch):
+def test_the_backends_run_with_autocast_off_and_get_autocast_dtype_inputs():
     seen = []
 
     def spy(query, key, value, graph, rel_key, *rest):
         seen.append((query.dtype, key.dtype, value.dtype, rel_key.dtype,
                      torch.is_autocast_enabled("cpu")))
-        return registry._BACKENDS["torch"].fn(query, key, value, graph, rel_key, *rest)
-    monkeypatch.setitem(registry._BACKENDS, "spy", registry.Backend("spy", spy))
+        return TORCH_FN(query, key, value, graph, rel_key, *rest)
+    dispatcher = registry.Dispatcher()
+    dispatcher.register(registry.Backend("spy", spy))
     graph = bpt_graph(6, 2)
     q = torch.randn(1, 1, graph.num_nodes, 8)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        graph_attention(q, q, q, graph, torch.zeros(graph.num_edge_types, 8), backend="spy")
-        graph_attention(q.double(), q.double(), q.double(), graph, torch.zeros(graph.num_edge_types, 8),
-                        backend="spy")
+        dispatcher.graph_attention(q, q, q, graph, torch.zeros(graph.num_edge_types, 8), backend="spy")
+        dispatcher.graph_attention(q.double(), q.double(), q.double(), graph, torch.zeros(graph.num_edge_types, 8),
+                                   backend="spy")
     assert seen == [(torch.bfloat16,) * 3 + (torch.float32, False),
                     (torch.float64,) * 3 + (torch.float32, False)]
 
@@ -165,21 +168,18 @@ def test_auto_checks_a_backend_with_float32_relative_keys_under_autocast(monkeyp
     that mix, so a backend that mishandles it is not picked."""
     def loses_a_float32_rel_key_gradient(query, key, value, graph, rel_key, *rest):
         if rel_key.dtype == query.dtype:
-            return registry._BACKENDS["torch"].fn(query, key, value, graph, rel_key, *rest)
-        out = registry._BACKENDS["torch"].fn(query, key, value, graph, rel_key.detach().to(query.dtype), *rest)
+            return TORCH_FN(query, key, value, graph, rel_key, *rest)
+        out = TORCH_FN(query, key, value, graph, rel_key.detach().to(query.dtype), *rest)
         return out + 0 * rel_key.sum()  # d rel_key: zeros, in its dtype
 
-    registry._load_optional_backends()  # before standing in for one of them
-    monkeypatch.setattr(registry, "wants_fast_backend", lambda query: True)
-    monkeypatch.setattr(registry, "_SELF_CHECKS", {})
-    monkeypatch.setitem(registry._BACKENDS, "triton",
-                        registry.Backend("triton", loses_a_float32_rel_key_gradient))
-    monkeypatch.delitem(registry._BACKENDS, "cuda", raising=False)
+    monkeypatch.delenv(registry.BACKEND_ENV, raising=False)
+    dispatcher = registry.Dispatcher(auto_candidates=("triton", "torch"), timed_devices=("cpu",))
+    dispatcher.register(registry.Backend("triton", loses_a_float32_rel_key_gradient))
     graph = bpt_graph(6, 2)
     q = torch.randn(1, 1, graph.num_nodes, 16)
     with torch.autocast("cpu", dtype=torch.bfloat16), pytest.warns(RuntimeWarning, match="d rel_key differs"):
-        graph_attention(q, q, q, graph, torch.randn(graph.num_edge_types, 16))
-    assert (("triton", "cpu", torch.bfloat16, 16, torch.float32) in registry._SELF_CHECKS)
+        dispatcher.graph_attention(q, q, q, graph, torch.randn(graph.num_edge_types, 16))
+    assert (("triton", "cpu", torch.bfloat16, 16, torch.float32) in dispatcher.self_checks)
 
 
 def test_cuda_kernels_glue_under_cpu_autocast(monkeypatch):
@@ -191,8 +191,9 @@ def test_cuda_kernels_glue_under_cpu_autocast(monkeypatch):
     except Exception as error:
         pytest.skip(f"the host emulation does not build here: {error}")
 
-    def emulated(query, key, value, graph, rel_key, mask, dropout_p, scale):
-        return cuda_backend.fused_graph_attention(query, key, value, graph, rel_key, mask, dropout_p, scale,
+    def emulated(query, key, value, graph, rel_key, mask, dropout_p, scale, seed):
+        return cuda_backend.fused_graph_attention(query, key, value, graph, rel_key, mask, dropout_p, scale, seed,
                                                   split_edges=4)
-    monkeypatch.setitem(registry._BACKENDS, "cuda_emulation", registry.Backend("cuda_emulation", emulated))
+    monkeypatch.setattr(registry, "DEFAULT", registry.Dispatcher())  # the op's, for this test
+    registry.register_backend("cuda_emulation", emulated, seeded=True)
     check_under_autocast("cuda_emulation", bpt_graph(20, 2), [20, 9], torch.bfloat16)

@@ -1,18 +1,18 @@
 """``backend="auto"``: on a CUDA tensor a fast backend is used only after it passed its
 self-check there; one that fails is named in one warning and never picked (which of those
-that pass is fastest: test_graph_attention_autotune). CPU tensors stand
-in for CUDA ones through ``registry.wants_fast_backend``."""
+that pass is fastest: test_graph_attention_autotune). Each test builds its own
+``registry.Dispatcher``, in which CPU tensors stand in for CUDA ones (``timed_devices``)."""
 
+import logging
 import warnings
 
 import pytest
 import torch
 
 from fairseq_plugins.graph_attention import autotune, registry
-from fairseq_plugins.graph_attention.registry import graph_attention
 from fairseq_plugins.graphs.binary_partition import bpt_graph
 
-TORCH_FN = registry._BACKENDS["torch"].fn
+TORCH_FN = registry.DEFAULT.get("torch").fn
 
 
 class FakeBackend:
@@ -37,23 +37,22 @@ def equal_times(run, device):
 
 
 @pytest.fixture
-def fake_gpu(monkeypatch, tmp_path):
-    """CPU tensors count as CUDA ones; a fresh self-check cache; no real fast backends; the
-    candidates triton and cuda (the timing itself: test_graph_attention_autotune), timed
+def dispatcher(monkeypatch, tmp_path):
+    """A dispatcher in which CPU tensors count as CUDA ones, without the real fast backends;
+    the candidates triton and cuda (the timing itself: test_graph_attention_autotune), timed
     equal, once after a warm-up, into tmp_path."""
-    monkeypatch.setattr(registry, "wants_fast_backend", lambda query: True)
-    monkeypatch.setattr(registry, "_SELF_CHECKS", {})
-    monkeypatch.setattr(registry, "AUTO_CANDIDATES", ("triton", "cuda"))
-    monkeypatch.setattr(registry, "AUTOTUNER", autotune.Autotuner(tmp_path, equal_times, repeats=1))
     monkeypatch.delenv(registry.BACKEND_ENV, raising=False)
-    registry._load_optional_backends()
+    dispatcher = registry.Dispatcher(auto_candidates=("triton", "cuda"), timed_devices=("cpu",),
+                                     autotuner=autotune.Autotuner(tmp_path, equal_times, repeats=1))
     for name in ("triton", "cuda", "flex"):
-        monkeypatch.delitem(registry._BACKENDS, name, raising=False)
+        dispatcher.backends.pop(name, None)
+    return dispatcher
 
-    def install(name, backend):
-        monkeypatch.setitem(registry._BACKENDS, name, registry.Backend(name, backend, backend.refuses))
-        return backend
-    return install
+
+def install(dispatcher, name, backend, prepare=None):
+    """Register the fake ``backend`` as ``name`` in ``dispatcher``; returns it."""
+    dispatcher.register(registry.Backend(name, backend, backend.refuses, *([prepare] if prepare else [])))
+    return backend
 
 
 def _self_check_calls():
@@ -63,7 +62,7 @@ def _self_check_calls():
 
 
 CHECK_CALLS = _self_check_calls()  # backend calls of one passing self-check
-GRAPH = bpt_graph(4, 2)  # 4 tokens: as many nodes as the tensors handed to auto_backend below
+GRAPH = bpt_graph(4, 2)  # 4 tokens: as many nodes as the tensors handed to dispatcher.auto below
 
 
 def _inputs(dim=16):
@@ -72,58 +71,57 @@ def _inputs(dim=16):
     return graph, q, k, v
 
 
-def test_a_backend_failing_its_self_check_is_never_picked(fake_gpu):
-    broken = fake_gpu("cuda", FakeBackend(broken=True))
+def test_a_backend_failing_its_self_check_is_never_picked(dispatcher):
+    broken = install(dispatcher, "cuda", FakeBackend(broken=True))
     graph, q, k, v = _inputs()
     with pytest.warns(RuntimeWarning, match=r"'cuda' failed its self-check.*differs from"):
-        out = graph_attention(q, k, v, graph)
-    torch.testing.assert_close(out, graph_attention(q, k, v, graph, backend="torch"))
+        out = dispatcher.graph_attention(q, k, v, graph)
+    torch.testing.assert_close(out, dispatcher.graph_attention(q, k, v, graph, backend="torch"))
     calls = broken.calls  # the self-check's call only
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # warned once: no second warning
         for _ in range(3):
-            graph_attention(q, k, v, graph)
-    assert broken.calls == calls == 1 and registry.auto_backend(q, graph) == "torch"
+            dispatcher.graph_attention(q, k, v, graph)
+    assert broken.calls == calls == 1 and dispatcher.auto(q, graph) == "torch"
 
 
-def test_a_missing_backend_is_skipped_and_equal_times_keep_the_candidates_order(fake_gpu):
+def test_a_missing_backend_is_skipped_and_equal_times_keep_the_candidates_order(dispatcher):
     graph, q, k, v = _inputs()
-    cuda = fake_gpu("cuda", FakeBackend())
-    assert registry.auto_backend(q, graph) == "cuda"  # no triton registered: skipped, nothing timed
-    triton = fake_gpu("triton", FakeBackend())
-    assert registry.auto_backend(q, graph) == "triton"
-    graph_attention(q, k, v, graph)
+    cuda = install(dispatcher, "cuda", FakeBackend())
+    assert dispatcher.auto(q, graph) == "cuda"  # no triton registered: skipped, nothing timed
+    triton = install(dispatcher, "triton", FakeBackend())
+    assert dispatcher.auto(q, graph) == "triton"
+    dispatcher.graph_attention(q, k, v, graph)
     timed = 2  # a warm-up and one timed run
     assert triton.calls == CHECK_CALLS + timed + 1 and cuda.calls == CHECK_CALLS + timed  # then the real call
 
 
-def test_a_failing_first_choice_falls_through_to_the_next(fake_gpu):
-    fake_gpu("triton", FakeBackend(broken=True))
-    fake_gpu("cuda", FakeBackend())
+def test_a_failing_first_choice_falls_through_to_the_next(dispatcher):
+    install(dispatcher, "triton", FakeBackend(broken=True))
+    install(dispatcher, "cuda", FakeBackend())
     with pytest.warns(RuntimeWarning, match="'triton' failed"):
-        assert registry.auto_backend(torch.randn(1, 1, 4, 16), GRAPH) == "cuda"
+        assert dispatcher.auto(torch.randn(1, 1, 4, 16), GRAPH) == "cuda"
 
 
-def test_self_check_is_per_dtype_and_head_dim_and_skips_unavailable(fake_gpu):
-    cuda = fake_gpu("cuda", FakeBackend())
+def test_self_check_is_per_dtype_and_head_dim_and_skips_unavailable(dispatcher):
+    cuda = install(dispatcher, "cuda", FakeBackend())
     for dim in (16, 16, 32):
-        assert registry.auto_backend(torch.randn(1, 1, 4, dim), GRAPH) == "cuda"
+        assert dispatcher.auto(torch.randn(1, 1, 4, dim), GRAPH) == "cuda"
     assert cuda.calls == 2 * CHECK_CALLS  # one check per head dim
     cuda.available = False
-    assert registry.auto_backend(torch.randn(1, 1, 4, 64), GRAPH) == "torch" and cuda.calls == 2 * CHECK_CALLS
+    assert dispatcher.auto(torch.randn(1, 1, 4, 64), GRAPH) == "torch" and cuda.calls == 2 * CHECK_CALLS
 
 
-def test_self_check_runs_under_inference_mode(fake_gpu):
-    fake_gpu("cuda", FakeBackend())
+def test_self_check_runs_under_inference_mode(dispatcher):
+    install(dispatcher, "cuda", FakeBackend())
     with torch.inference_mode():
-        assert registry.auto_backend(torch.randn(1, 1, 4, 16), GRAPH) == "cuda"
+        assert dispatcher.auto(torch.randn(1, 1, 4, 16), GRAPH) == "cuda"
 
 
-def test_cpu_tensors_never_look_for_a_gpu_backend(monkeypatch):
-    monkeypatch.setattr(registry, "_SELF_CHECKS", {})
-    backend = FakeBackend()
-    monkeypatch.setitem(registry._BACKENDS, "cuda", registry.Backend("cuda", backend, backend.refuses))
-    assert registry.auto_backend(torch.randn(1, 1, 4, 16), GRAPH) != "cuda" and backend.calls == 0
+def test_cpu_tensors_never_look_for_a_gpu_backend():
+    dispatcher = registry.Dispatcher()
+    backend = install(dispatcher, "cuda", FakeBackend())
+    assert dispatcher.auto(torch.randn(1, 1, 4, 16), GRAPH) != "cuda" and backend.calls == 0
 
 
 def test_self_check_catches_a_wrong_gradient():
@@ -136,26 +134,23 @@ def test_self_check_catches_a_wrong_gradient():
     registry.self_check(TORCH_FN, "cpu", torch.float32, 16)  # the reference passes
 
 
-def test_a_backend_that_refuses_the_inputs_is_skipped_by_auto_and_named_when_forced(fake_gpu):
-    refusing = fake_gpu("cuda", FakeBackend(available=False))
+def test_a_backend_that_refuses_the_inputs_is_skipped_by_auto_and_named_when_forced(dispatcher):
+    refusing = install(dispatcher, "cuda", FakeBackend(available=False))
     graph, q, k, v = _inputs()
-    assert registry.auto_backend(q, graph) == "torch" and refusing.calls == 0
+    assert dispatcher.auto(q, graph) == "torch" and refusing.calls == 0
     with pytest.raises(RuntimeError, match="'cuda' cannot run these inputs: switched off"):
-        graph_attention(q, k, v, graph, backend="cuda")
+        dispatcher.graph_attention(q, k, v, graph, backend="cuda")
 
 
-def test_prepare_runs_before_use_and_its_failure_fails_the_self_check(fake_gpu, monkeypatch):
-    backend = fake_gpu("cuda", FakeBackend())
-
+def test_prepare_runs_before_use_and_its_failure_fails_the_self_check(dispatcher):
     def cannot_build(query, graph):
         raise RuntimeError("no compiler")
-    monkeypatch.setitem(registry._BACKENDS, "cuda", registry.Backend("cuda", backend, backend.refuses,
-                                                                     cannot_build))
+    backend = install(dispatcher, "cuda", FakeBackend(), cannot_build)
     graph, q, k, v = _inputs()
     with pytest.warns(RuntimeWarning, match="'cuda' failed its self-check.*no compiler"):
-        assert registry.auto_backend(q, graph) == "torch"
+        assert dispatcher.auto(q, graph) == "torch"
     with pytest.raises(RuntimeError, match="no compiler"):
-        graph_attention(q, k, v, graph, backend="cuda")
+        dispatcher.graph_attention(q, k, v, graph, backend="cuda")
     assert backend.calls == 0
 
 
@@ -176,23 +171,21 @@ def test_refusing_never_builds_an_extension(monkeypatch):
         cuda_backend.refuses(q, graph, 0.1)
 
 
-def test_a_missing_optional_dependency_is_recorded_and_a_broken_backend_warned(monkeypatch):
-    modules = {"present": "fairseq_plugins.graph_attention.torch_backend",
+def test_a_missing_optional_dependency_is_recorded_and_a_broken_backend_warned():
+    modules = {"torch": "fairseq_plugins.graph_attention.torch_backend",
                "needs_dependency": "some_missing_gpu_library_for_the_test",
                "broken": "fairseq_plugins.graph_attention.no_such_backend_module"}
-    monkeypatch.setattr(registry, "OPTIONAL_BACKENDS", modules)
-    monkeypatch.setattr(registry, "_OPTIONAL_IMPORT_TRIED", False)
-    monkeypatch.setattr(registry, "_IMPORT_ERRORS", {})
+    dispatcher = registry.Dispatcher(modules)
     with pytest.warns(RuntimeWarning, match="'broken' failed to import") as record:
-        errors = registry.backend_import_errors()
+        errors = dispatcher.import_errors()
     assert len(record) == 1  # a missing third-party module is expected: no warning
     assert set(errors) == {"needs_dependency", "broken"}
     assert "some_missing_gpu_library_for_the_test" in errors["needs_dependency"]
     graph, q, k, v = _inputs()
     with pytest.raises(ValueError, match="'needs_dependency' could not be imported: ModuleNotFoundError"):
-        graph_attention(q, k, v, graph, backend="needs_dependency")
+        dispatcher.graph_attention(q, k, v, graph, backend="needs_dependency")
     with pytest.raises(ValueError, match="'nonsense' is not registered"):
-        graph_attention(q, k, v, graph, backend="nonsense")
+        dispatcher.graph_attention(q, k, v, graph, backend="nonsense")
 
 
 def test_an_extension_that_fails_to_build_is_not_retried(tmp_path):
@@ -218,3 +211,79 @@ def test_the_self_check_leaves_torchs_random_state_alone():
     torch.manual_seed(7)
     registry.self_check(TORCH_FN, "cpu", torch.float32, 16)
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_refuses_names_why_a_backend_cannot_run(dispatcher):
+    install(dispatcher, "cuda", FakeBackend(available=False))
+    q = torch.randn(1, 1, GRAPH.num_nodes, 16)
+    assert dispatcher.refuses("torch", q, GRAPH) is None
+    assert dispatcher.refuses("cuda", q, GRAPH) == "switched off"
+    assert "'triton' is not registered" in dispatcher.refuses("triton", q, GRAPH)
+    missing = registry.Dispatcher({"torch": registry.BACKEND_MODULES["torch"], "gone": "no_such_module_for_the_test"})
+    assert "'gone' could not be imported: ModuleNotFoundError" in missing.refuses("gone", q, GRAPH)
+
+
+def test_auto_on_the_torch_backend_logs_once_per_device_and_dtype_why(dispatcher, caplog):
+    install(dispatcher, "cuda", FakeBackend(available=False))
+    install(dispatcher, "triton", FakeBackend(broken=True))
+    with caplog.at_level(logging.INFO, logger=registry.__name__), \
+            pytest.warns(RuntimeWarning, match="'triton' failed its self-check"):
+        for _ in range(2):
+            assert dispatcher.auto(torch.randn(1, 1, 4, 16), GRAPH) == "torch"
+            assert dispatcher.auto(torch.randn(1, 1, 4, 32), GRAPH) == "torch"  # same device and dtype
+        assert dispatcher.auto(torch.randn(1, 1, 4, 16, dtype=torch.float64), GRAPH) == "torch"
+    messages = [r.getMessage() for r in caplog.records if "auto uses the torch backend" in r.getMessage()]
+    assert len(messages) == 2 and "on cpu / float64" in messages[1]
+    assert messages[0].startswith("graph attention auto uses the torch backend on cpu / float32 (")
+    assert "triton: self-check: RuntimeError: output differs" in messages[0] and "cuda: switched off" in messages[0]
+
+
+def test_auto_on_cpu_logs_why_the_cpu_kernel_is_not_used(caplog):
+    dispatcher = registry.Dispatcher()
+    install(dispatcher, "cpu", FakeBackend(available=False))
+    with caplog.at_level(logging.INFO, logger=registry.__name__):
+        assert dispatcher.auto(torch.randn(1, 1, 4, 16), GRAPH) == "torch"
+        assert registry.Dispatcher(cpu_preference=()).auto(torch.randn(1, 1, 4, 16), GRAPH) == "torch"
+    assert [r.getMessage() for r in caplog.records] == [
+        "graph attention auto uses the torch backend on cpu / float32 (cpu: switched off)",
+        "graph attention auto uses the torch backend on cpu / float32 (no fast backend runs on cpu)"]
+
+
+def test_the_command_lines_offer_the_registrys_backends():
+    from fairseq_plugins.check_gpu import command, op_benchmark
+    from fairseq_plugins.models.bpt_transformer import GRAPH_ATTENTION_BACKENDS
+
+    assert GRAPH_ATTENTION_BACKENDS == ("auto", *registry.BACKEND_NAMES)
+    assert set(registry.BACKEND_NAMES) == set(registry.DEFAULT.backends) | set(registry.DEFAULT.import_errors())
+    assert op_benchmark.GRAPH_BACKENDS == registry.AUTO_CANDIDATES
+    assert set(command.TEST_GROUPS) == {*registry.AUTO_CANDIDATES, "auto"}
+    assert set(registry.AUTO_CANDIDATES) | set(registry.OWN_GPU_KERNELS) <= set(registry.BACKEND_NAMES)
+
+
+class SeedRecorder(FakeBackend):
+    """A seeded backend: records the seed it gets (the torch backend computes)."""
+
+    def __call__(self, *inputs, seed):
+        self.seeds = getattr(self, "seeds", []) + [seed]
+        return super().__call__(*inputs)
+
+
+def test_the_op_draws_the_seed_and_answers_an_edgeless_graph_once_for_every_backend(dispatcher):
+    recorder = SeedRecorder()
+    dispatcher.register(registry.Backend("seeded", recorder, recorder.refuses, seeded=True))
+    graph, q, k, v = _inputs()
+    dispatcher.graph_attention(q, k, v, graph, backend="seeded")
+    torch.manual_seed(4)
+    dispatcher.graph_attention(q, k, v, graph, dropout_p=0.1, backend="seeded")
+    torch.manual_seed(4)
+    expected = registry.dropout_seed("cpu", 0.1)
+    assert recorder.seeds[0] is None and torch.equal(recorder.seeds[1], expected)
+    assert expected.shape == (2,) and expected.dtype == torch.int64
+    edgeless = bpt_graph(4, 2)
+    edgeless = type(edgeless)(edgeless.num_nodes, torch.zeros(edgeless.num_nodes + 1, dtype=torch.long),
+                              torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), 1)
+    q = torch.randn(2, 2, edgeless.num_nodes, 16)
+    calls = recorder.calls
+    for backend in ("seeded", "torch"):
+        assert torch.equal(dispatcher.graph_attention(q, q, q, edgeless, backend=backend), torch.zeros_like(q))
+    assert recorder.calls == calls

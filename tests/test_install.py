@@ -165,7 +165,7 @@ def test_tiny_bpt_trains_from_the_install_with_the_cpu_kernel(install):
         "from fairseq_plugins.graph_attention import cpu_backend, registry",
         "from fairseq_plugins.graphs.binary_partition import bpt_graph",
         "graph = bpt_graph(8, 2)",
-        "print(registry.auto_backend(torch.zeros(2, 2, graph.num_nodes, 16), graph))",
+        "print(registry.DEFAULT.auto(torch.zeros(2, 2, graph.num_nodes, 16), graph))",
         "print(cpu_backend.SOURCE_DIR)",
         "print(cpu_backend.load_extension().__file__)",
     ]))

@@ -31,7 +31,7 @@ def on_cpu_then_meta(step):
 def test_model_forward_and_backward_on_meta(arch, monkeypatch):
     # on meta, "auto" takes the torch backend: the recording CPU run must take it too (the
     # cpu kernel's self-check would add host reads that the meta run never makes)
-    monkeypatch.setattr(registry, "CPU_AUTO_PREFERENCE", ())
+    monkeypatch.setattr(registry, "DEFAULT", registry.Dispatcher(cpu_preference=()))
     from fairseq import checkpoint_utils
 
     folder = FIXTURES / arch

@@ -17,6 +17,7 @@ import torch
 pytest.importorskip("triton")
 from fairseq_plugins.graph_attention import graph_attention, tile_plan  # noqa: E402
 from fairseq_plugins.graph_attention import triton_aot, triton_backend  # noqa: E402
+from fairseq_plugins.graph_attention.registry import dropout_seed  # noqa: E402
 from fairseq_plugins.graphs.binary_partition import (  # noqa: E402
     bpt_graph, node_present, segtree_graph,
 )
@@ -93,7 +94,8 @@ def check(graph, lengths, dtype=torch.float32, dropout_p=0.0, plan=None, seed=0,
     if plan is None:
         out = graph_attention(*low[:3], graph, low[3], mask, dropout_p, backend="triton")
     else:
-        out = triton_backend.attend(*low[:3], plan, low[3], mask, scale, dropout_p)
+        out = triton_backend.attend(*low[:3], plan, low[3], mask, scale, dropout_p,
+                                    dropout_seed(low[0].device, dropout_p))
     keep = None
     if dropout_p > 0:  # the kernel's seed is the first draw after torch.manual_seed(seed)
         torch.manual_seed(seed)
@@ -381,7 +383,7 @@ def test_strided_views_give_bitwise_the_results_of_contiguous_copies(case, monke
         leaves = [make(x, layout).requires_grad_() for x, layout in zip((q, k, v), layouts)]
         leaves.append(rel.detach().clone().requires_grad_())
         torch.manual_seed(5)
-        out = triton_backend.attend(*leaves[:3], plan, leaves[3], mask, 32 ** -0.5, 0.2)
+        out = triton_backend.attend(*leaves[:3], plan, leaves[3], mask, 32 ** -0.5, 0.2, dropout_seed("cpu", 0.2))
         grads = torch.autograd.grad(out, leaves, make(grad, layouts[0]))
         results.append((leaves, out, grads))
     (_, out, grads), (views, strided_out, strided_grads) = results
@@ -479,7 +481,7 @@ def small_self_check(monkeypatch):
     monkeypatch.setattr(tile_plan, "TILES_PER_ITEM", 2)
     plan = tile_plan.build_plan(bpt_graph(40, 1), *triton_backend.tiles(torch.float32, 32))
     assert plan.query_work.num_parts and plan.key_work.num_parts
-    return lambda: registry.self_check(triton_backend.triton_graph_attention, "cpu", torch.float32, 32)
+    return lambda: registry.self_check(triton_backend.BACKEND, "cpu", torch.float32, 32)  # as the op calls it
 
 
 def test_the_self_check_passes_the_kernels(small_self_check):

@@ -1,13 +1,14 @@
 """Everything a GPU owner runs to verify this project's GPU code, in one command.
 
-    fairseq-plugins-check-gpu [--out DIR] [--benchmark full|quick|none]   # or python -m fairseq_plugins.check_gpu
+    fairseq-plugins-check-gpu [--out DIR] [--benchmark full|quick|headline|none]
+    python -m fairseq_plugins.check_gpu [...]   # the same
 
 ``command`` plans and runs the steps (``runner``: one subprocess each, a timeout, a full
 log, progress with the time left) and writes the report; ``gpu_tests`` holds the GPU test
-modules it runs (through ``kernel_checks`` on the graphs of ``cases``); ``op_benchmark`` and
-``model_update`` are its measurements, each also a command of its own. Nothing is imported
-here at import time, so that ``python -m fairseq_plugins.check_gpu.<module>`` runs each
-module once.
+modules it runs (through ``kernel_checks`` on the graphs of ``cases``); ``headline``,
+``op_benchmark``, ``model_update`` and ``lm_update`` are its measurements, each also a
+command of its own. Nothing is imported here at import time, so that
+``python -m fairseq_plugins.check_gpu.<module>`` runs each module once.
 """
 
 

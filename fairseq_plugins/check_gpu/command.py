@@ -4,17 +4,22 @@ installed copy.
 
 Steps, each in its own process with a timeout and its whole output in a log:
 
-1. the GPU tests (``gpu_tests``), one process per group: the triton kernels, the CUDA
+1. the headline (``headline``, first, so that the check answers the speed question even when
+   it is stopped later): the graph attention at n 8192, k 4, bf16, 8 heads x 64, forward and
+   backward, one process per backend (SDPA pinned to FlashAttention, flex, triton, cuda),
+   each row written as soon as it is measured; speed-ups over SDPA and flex on wall-clock
+   and GPU-kernel time;
+2. the GPU tests (``gpu_tests``), one process per group: the triton kernels, the CUDA
    extension (skipped, with the reason, without ``nvcc``), FlexAttention, the torch backend
    and ``auto``;
-2. ``compute-sanitizer`` memcheck over the triton and CUDA groups' small cases, when the
+3. ``compute-sanitizer`` memcheck over the triton and CUDA groups' small cases, when the
    CUDA toolkit has it (PyTorch's caching allocator off, so that an access past a tensor is
    an access past an allocation);
-3. the op benchmark (``op_benchmark``): forward and backward, dropout off and on, against
+4. the op benchmark (``op_benchmark``): forward and backward, dropout off and on, against
    SDPA (FlashAttention), FlexAttention and the torch backend, with a profiler split and the
    error against float64;
-4. one training update of each model against the transformer (``model_update``);
-5. one training update of ``bpt_lm`` against ``transformer_lm`` at contexts up to 16,384
+5. one training update of each model against the transformer (``model_update``);
+6. one training update of ``bpt_lm`` against ``transformer_lm`` at contexts up to 16,384
    (``lm_update``), the long-context workload BPT was built for.
 
 Writes ``gpu_check_<gpu>_<date>.md`` and ``.json`` and the logs folder beside them, in
@@ -37,22 +42,26 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from fairseq_plugins.check_gpu.headline import BACKENDS as HEADLINE_BACKENDS
+from fairseq_plugins.check_gpu.headline import markdown as headline_markdown
 from fairseq_plugins.check_gpu.lm_update import markdown as lm_markdown
 from fairseq_plugins.check_gpu.model_update import markdown as update_markdown
 from fairseq_plugins.check_gpu.op_benchmark import markdown as benchmark_markdown
 from fairseq_plugins.check_gpu.runner import Progress, Step, StepResult, python_env, run_steps
 from fairseq_plugins.command_line import command_parser
+from fairseq_plugins.graph_attention.registry import AUTO_CANDIDATES, OWN_GPU_KERNELS
 
 PACKAGE = Path(__file__).resolve().parents[1]  # the fairseq_plugins this command belongs to
 NO_GPU_EXIT = 2
+# timeout and estimate (s) of a backend's test group: the fast ones (the cuda group's first
+# call builds the extension), and the torch reference (what auto falls back to)
+FAST_TEST_TIMES, REFERENCE_TEST_TIMES = (3600, 900), (1800, 300)
 TEST_GROUPS = {  # group: (test module, backend, timeout s, estimate s)
-    "triton": ("test_backend", "triton", 3600, 900),
-    "cuda": ("test_backend", "cuda", 3600, 900),  # the first call builds the extension
-    "flex": ("test_backend", "flex", 3600, 900),
-    "torch": ("test_backend", "torch", 1800, 300),  # the reference, and what auto falls back to
-    "auto": ("test_selection", None, 1800, 300),
+    **{name: ("test_backend", name, *(REFERENCE_TEST_TIMES if name == "torch" else FAST_TEST_TIMES))
+       for name in AUTO_CANDIDATES},
+    "auto": ("test_selection", None, *REFERENCE_TEST_TIMES),
 }
-SANITIZED = ("triton", "cuda")
+SANITIZED = OWN_GPU_KERNELS
 SANITIZER_TIMEOUT_S, SANITIZER_ESTIMATE_S = 3600, 1200
 BENCHMARKS = {  # preset: op benchmark, model update and LM update options, estimate s, timeout s
     "full": ([], [], [], 2400, 7200),
@@ -61,6 +70,9 @@ BENCHMARKS = {  # preset: op benchmark, model update and LM update options, esti
                "--updates", "3"], 300, 1800),
 }
 BENCHMARK_STEPS = ("op benchmark", "model update", "language-model update")
+# one headline backend's process: a first call compiles (flex, triton) or builds (cuda)
+HEADLINE_TIMEOUT_S, HEADLINE_ESTIMATE_S = 900, 90
+HEADLINE_JSON = "headline.json"
 
 
 def find_sanitizer() -> Optional[str]:
@@ -93,6 +105,12 @@ def plan(args, sanitizer: Optional[str], nvcc: Optional[str], log_dir: Path) -> 
         base_env["TRITON_INTERPRET"] = None  # compile the kernels for the GPU
     no_nvcc = "nvcc not found (CUDA_HOME or PATH): the CUDA extension cannot be built"
     steps = []
+    for backend in HEADLINE_BACKENDS:  # a backend that cannot run here writes a row saying why
+        command = [sys.executable, "-m", "fairseq_plugins.check_gpu.headline", "--backend", backend,
+                   "--out", str(log_dir / HEADLINE_JSON), "--device", args.device, *args.headline_option]
+        skip = "--benchmark none" if args.benchmark == "none" else ""
+        steps.append(Step(f"headline: {backend}", None if skip else command, HEADLINE_TIMEOUT_S,
+                          HEADLINE_ESTIMATE_S, base_env, skip))
     for group in args.groups:
         module, backend, timeout, estimate = TEST_GROUPS[group]
         env = {**base_env, "FAIRSEQ_PLUGINS_CHECK_BACKEND": backend or ""}
@@ -110,12 +128,12 @@ def plan(args, sanitizer: Optional[str], nvcc: Optional[str], log_dir: Path) -> 
                "FAIRSEQ_PLUGINS_CHECK_SIZE": "small", "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
         steps.append(Step(f"compute-sanitizer memcheck: {group}", None if skip else command,
                           SANITIZER_TIMEOUT_S, SANITIZER_ESTIMATE_S, env, skip, concurrent=True))
-    if args.benchmark == "none":
+    if args.benchmark in ("none", "headline"):
         for name in BENCHMARK_STEPS:
-            steps.append(Step(name, None, 0, 0, skip_reason="--benchmark none"))
+            steps.append(Step(name, None, 0, 0, skip_reason=f"--benchmark {args.benchmark}"))
         return cap_timeouts(steps, args.step_timeout)
     op_options, update_options, lm_options, estimate, timeout = BENCHMARKS[args.benchmark]
-    backends = ["sdpa", "flex", "torch", "triton"] + (["cuda"] if nvcc else [])
+    backends = ["sdpa", *(name for name in AUTO_CANDIDATES if name != "cuda" or nvcc)]
     op = [sys.executable, "-m", "fairseq_plugins.check_gpu.op_benchmark", "--out",
           str(log_dir / "op_benchmark.json"), "--device", args.device, "--backends", *backends,
           *op_options, *args.benchmark_option]
@@ -218,9 +236,10 @@ def _read_json(path: Path) -> Optional[Dict]:
 
 
 def render_report(env: Dict[str, str], results: List[StepResult], benchmark: Optional[Dict],
-                  update: Optional[Dict], out_dir: Path, lm: Optional[Dict] = None) -> str:
-    """The Markdown report: environment, one line per step, the measurements, the tails of
-    the steps that failed (every step's whole log is in the logs folder)."""
+                  update: Optional[Dict], out_dir: Path, lm: Optional[Dict] = None,
+                  headline: Optional[Dict] = None) -> str:
+    """The Markdown report: environment, one line per step, the measurements (the headline
+    first), the tails of the steps that failed (every step's whole log is in the logs folder)."""
     lines = ["# GPU check", "", "`python -m fairseq_plugins.check_gpu`", "", "| | |", "|---|---|"]
     lines += [f"| {key} | {value} |" for key, value in env.items()]
     lines += ["", "| step | result | time | summary | log |", "|---|---|---|---|---|"]
@@ -230,6 +249,9 @@ def render_report(env: Dict[str, str], results: List[StepResult], benchmark: Opt
                      f"{r.summary().replace('|', '/')} | {log} |")
     verdict = all(r.ok for r in results)
     lines += ["", f"**{'Every step that ran passed.' if verdict else 'Some steps failed.'}**"]
+    if headline:
+        lines += ["", "## The headline: graph attention against SDPA and flex", "",
+                  headline_markdown(headline).strip()]
     if benchmark:
         lines += ["", "## Graph attention per op", "", benchmark_markdown(benchmark).strip()]
     if update:
@@ -245,14 +267,14 @@ def render_report(env: Dict[str, str], results: List[StepResult], benchmark: Opt
     return "\n".join(lines) + "\n"
 
 
-def report_json(env, results: List[StepResult], benchmark, update, out_dir: Path, lm=None) -> Dict:
+def report_json(env, results: List[StepResult], benchmark, update, out_dir: Path, lm=None, headline=None) -> Dict:
     return {"environment": env, "passed": all(r.ok for r in results),
             "steps": [{"name": r.name, "status": r.status, "returncode": r.returncode,
                        "timed_out": r.timed_out, "seconds": round(r.seconds, 1),
                        "summary": r.summary(), "command": r.command,
                        "log": str(r.log.relative_to(out_dir)) if r.log else None}
                       for r in results],
-            "op_benchmark": benchmark, "model_update": update, "lm_update": lm}
+            "headline": headline, "op_benchmark": benchmark, "model_update": update, "lm_update": lm}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -261,15 +283,20 @@ def parser() -> argparse.ArgumentParser:
                        epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--out", type=Path, help="folder of the report (default: benchmarks/ of the "
                    "checkout this runs in, else the current folder)")
-    p.add_argument("--benchmark", choices=["full", "quick", "none"], default="full",
-                   help="full: n 1024-16384 x k 1/4/16/64 (about an hour); quick: n 1024 and "
-                        "8192 at k 4 (minutes)")
+    p.add_argument("--benchmark", choices=["full", "quick", "headline", "none"], default="full",
+                   help="full: the headline, the tests, then n 1024-16384 x k 1/4/16/64 (about "
+                        "an hour) and the model updates; quick: the same at n 1024 and 8192, k 4 "
+                        "(minutes); headline: only the headline (n 8192, k 4, one process per "
+                        "backend) before the tests; none: the tests only")
     p.add_argument("--groups", nargs="+", choices=list(TEST_GROUPS), default=list(TEST_GROUPS),
                    help="GPU test groups to run")
     p.add_argument("--no-sanitizer", dest="sanitizer", action="store_false",
                    help="skip compute-sanitizer")
     p.add_argument("--size", choices=["full", "small"], default="full",
                    help="the GPU tests' cases: all, or the small ones only")
+    p.add_argument("--headline-option", action="append", default=[], metavar="OPTION",
+                   help="passed on to each headline process (repeat: --headline-option=--n "
+                        "--headline-option=64)")
     p.add_argument("--benchmark-option", action="append", default=[], metavar="OPTION",
                    help="passed on to the op benchmark (repeat: --benchmark-option=--iters "
                         "--benchmark-option=20)")
@@ -279,7 +306,8 @@ def parser() -> argparse.ArgumentParser:
                    help="passed on to the language-model update")
     p.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="run up to N of the test and compute-sanitizer steps at once (they take "
-                        "no timings; the benchmark steps always run alone, after them)")
+                        "no timings; the benchmark steps always run alone: the headline before "
+                        "them, the rest after)")
     p.add_argument("--step-timeout", type=float, metavar="SECONDS",
                    help="at most this long for each step (default: each step's own timeout, up "
                         "to 2 hours): a step stopped by it is reported as timed out")
@@ -312,6 +340,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     log_dir = out_dir / f"{stem}_logs"
     steps = plan(args, find_sanitizer(), find_nvcc(), log_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    (log_dir / HEADLINE_JSON).unlink(missing_ok=True)  # rows of an earlier check today
     progress = Progress(steps, jobs=args.jobs)
     print(f"check_gpu: {len(steps)} steps; report and logs in {out_dir}", flush=True)
     deadline = start + args.time_limit if args.time_limit else None
@@ -319,10 +348,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     benchmark = _read_json(log_dir / "op_benchmark.json")
     update = _read_json(log_dir / "model_update.json")
     lm = _read_json(log_dir / "lm_update.json")
+    headline = _read_json(log_dir / HEADLINE_JSON)
     report = out_dir / f"{stem}.md"
-    report.write_text(render_report(env, results, benchmark, update, out_dir, lm))
+    report.write_text(render_report(env, results, benchmark, update, out_dir, lm, headline))
     report.with_suffix(".json").write_text(
-        json.dumps(report_json(env, results, benchmark, update, out_dir, lm), indent=1) + "\n")
+        json.dumps(report_json(env, results, benchmark, update, out_dir, lm, headline), indent=1) + "\n")
     print(f"check_gpu: report written to {report} and {report.with_suffix('.json').name}, "
           f"logs in {log_dir}")
     return 0 if all(r.ok for r in results) else 1

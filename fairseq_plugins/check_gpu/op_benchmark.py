@@ -16,7 +16,7 @@ kernels and the glue around them (PyTorch's own kernels: copies, fills, reductio
 elementwise; with the number of launches and the host's wall time), and, with dropout off,
 the error of the output and every gradient against float64 (one sentence, two heads: the
 torch backend, or the math SDPA, in float64 on the same device). The JSON is rewritten after
-every case, so a run stopped by a timeout keeps what it measured.
+every row, so a run stopped by a timeout keeps every row it measured.
 """
 
 import argparse
@@ -35,9 +35,10 @@ from fairseq_plugins.check_gpu.kernel_checks import errors_against_float64, rela
 from fairseq_plugins.check_gpu.runner import PROGRESS, format_duration
 from fairseq_plugins.command_line import command_parser
 from fairseq_plugins.graph_attention import graph_attention
+from fairseq_plugins.graph_attention.registry import AUTO_CANDIDATES
 from fairseq_plugins.graphs.binary_partition import bpt_graph
 
-GRAPH_BACKENDS = ("triton", "cuda", "flex", "torch")
+GRAPH_BACKENDS = AUTO_CANDIDATES
 # kernels PyTorch launches around an attention kernel (CUDA names, and ATen ops on the CPU);
 # every other kernel is counted as the attention's own
 GLUE = re.compile(r"at::native|at::|cub::|cutlass::Kernel.*gemm|gemm|Memcpy|Memset|"
@@ -226,11 +227,11 @@ def run(args) -> Dict:
         graph = bpt_graph(n, k)
         case = {"n": n, "k": k, "batch": max(1, args.tokens // n), "nodes": graph.num_nodes,
                 "edges": graph.num_edges, "rows": []}
+        result["cases"].append(case)
         for dropout_p in args.dropout:
             for backend in args.backends:
                 case["rows"].append(measure(backend, graph, n, dropout_p, args))
-        result["cases"].append(case)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+                args.out.write_text(json.dumps(result, indent=1) + "\n")
         done = time.time() - start
         left = done / (index + 1) * (len(cases) - index - 1)
         print(f"{PROGRESS} case {index + 1}/{len(cases)} (n {n}, k {k}) done; the benchmark has "
@@ -238,7 +239,8 @@ def run(args) -> Dict:
     return result
 
 
-def _ms(row, key) -> str:
+def format_ms(row, key) -> str:
+    """``row[key]`` in ms with three decimals, or '-' when it was not measured."""
     return f"{row[key]:.3f}" if key in row else "-"
 
 
@@ -265,8 +267,8 @@ def markdown(result: Dict) -> str:
             error = f"{max(row['errors'].values()):.2e}" if "errors" in row else "-"
             peak = f"{row['peak_mib']:.0f}" if "peak_mib" in row else "-"
             lines.append(f"| {case['n']} | {case['k']} | {row['backend']} | {row['dropout']} | "
-                         f"{_ms(row, 'forward_ms')} | {_ms(row, 'backward_ms')} | "
-                         f"{_ms(row, 'total_ms')} | {ratio} | {peak} | {error} | "
+                         f"{format_ms(row, 'forward_ms')} | {format_ms(row, 'backward_ms')} | "
+                         f"{format_ms(row, 'total_ms')} | {ratio} | {peak} | {error} | "
                          f"{row['status'].replace('|', '/')} |")
             for phase, p in row.get("profile", {}).items():
                 split_lines.append(
@@ -278,7 +280,7 @@ def markdown(result: Dict) -> str:
 
 def parser() -> argparse.ArgumentParser:
     p = command_parser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, required=True, help="JSON written after every case")
+    p.add_argument("--out", type=Path, required=True, help="JSON written after every row")
     p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384],
                    help="sequence lengths (default: %(default)s)")
     p.add_argument("--ks", type=int, nargs="+", default=[1, 4, 16, 64],

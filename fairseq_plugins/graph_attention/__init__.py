@@ -2,8 +2,10 @@
 
 ``graph_attention(q, k, v, graph, ...)`` (``registry``) is the one public function; the
 ``"torch"`` backend (``torch_backend``, with the tree fast path in ``torch_tree``) is the exact
-reference, and ``cuda_backend``/``flex_backend`` are optional. A new backend is a module here
-that calls ``register_backend`` and is listed in ``registry.OPTIONAL_BACKENDS``.
+reference, and ``cpu_backend``/``triton_backend``/``cuda_backend``/``flex_backend`` are
+optional. A new backend is a module here that defines ``BACKEND`` (a ``registry.Backend``) and
+is listed in ``registry.BACKEND_MODULES``; ``register_backend`` adds one to the op's dispatcher
+(``registry.DEFAULT``) from anywhere.
 """
 
 from fairseq_plugins.graph_attention.registry import graph_attention, register_backend

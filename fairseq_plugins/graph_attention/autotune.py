@@ -197,7 +197,8 @@ class Autotuner:
 
     def _read(self, device: str) -> dict:
         """The stored timings of ``device`` (key text -> entry); a missing file is empty, an
-        unreadable one is ignored with a warning."""
+        unreadable one is ignored with a warning, and so is an entry with a time that is not
+        a finite number >= 0 (JSON allows NaN and Infinity: such a time would sort first)."""
         path = self.cache_file(device)
         try:
             data = json.loads(path.read_text())
@@ -207,7 +208,16 @@ class Autotuner:
                 if not (isinstance(entry["times_ms"], dict) and isinstance(entry["failed"], dict)
                         and all(isinstance(ms, (int, float)) for ms in entry["times_ms"].values())):
                     raise ValueError("an entry without times")
-            return data["timings"]
+            timings = {}
+            for text, entry in data["timings"].items():
+                bad = {name: ms for name, ms in entry["times_ms"].items() if not 0 <= ms < math.inf}
+                if bad:
+                    warnings.warn(f"ignoring the graph attention timing of {text} in {path} (times that are not "
+                                  f"finite numbers >= 0: {bad}); the backends are timed again",
+                                  RuntimeWarning, stacklevel=4)
+                else:
+                    timings[text] = entry
+            return timings
         except FileNotFoundError:
             return {}
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from fairseq_plugins.graph_attention.extension_build import Extension
-from fairseq_plugins.graph_attention.registry import register_backend
+from fairseq_plugins.graph_attention.registry import Backend
 from fairseq_plugins.resources import resource_dir
 
 SOURCE_DIR = resource_dir("cpu_ext") / "csrc"
@@ -140,19 +140,17 @@ torch.library.register_autograd("fairseq_plugins::cpu_graph_attention", _backwar
 
 
 def cpu_graph_attention(query, key, value, graph, rel_key=None, key_padding_mask=None,
-                        dropout_p=0.0, scale=None):
+                        dropout_p=0.0, scale=None, seed=None):
     """Backend function (see ``graph_attention`` for the semantics), called by it with checked
-    inputs that this backend accepts (``refuses``) and a float scale."""
-    if graph.num_edges == 0:  # no row has a key
-        return torch.zeros_like(query)
+    inputs that this backend accepts (``refuses``), a float scale, a graph with edges and,
+    with dropout, the op's seed tensor (``registry.dropout_seed``)."""
     bsz, heads, num_nodes, dim = query.shape
     compute = query.dtype if query.dtype in DTYPES else torch.float32  # autograd casts back
     q, k, v = (node_major(x).to(compute) for x in (query, key, value))
     rel = None if rel_key is None else rel_key.to(compute).contiguous()
     pad = None if key_padding_mask is None else key_padding_mask.to(torch.uint8).contiguous()
-    # the dropout seed comes from torch's generator (torch.manual_seed reproduces it), as a
-    # tensor: no host read while tracing
-    seed = torch.randint(0, 2**62, (), dtype=torch.int64) if dropout_p > 0 else torch.zeros((), dtype=torch.int64)
+    # the seed as a tensor (no host read while tracing); unread without dropout
+    seed = torch.zeros((), dtype=torch.int64) if seed is None else seed[0]
     out, _ = forward_op(q, k, v, rel, pad, *graph.on("cpu", torch.int32), heads, float(scale),
                         float(dropout_p), seed)
     return out.view(num_nodes, bsz, heads, dim).permute(1, 2, 0, 3).to(query.dtype)
@@ -171,4 +169,4 @@ def prepare(query: torch.Tensor, graph) -> None:
     graph.on("cpu", torch.int32)
 
 
-register_backend("cpu", cpu_graph_attention, refuses, prepare)
+BACKEND = Backend("cpu", cpu_graph_attention, refuses, prepare, seeded=True)

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from fairseq_plugins.graph_attention.cuda_toolkit import build_target, prepare_build
 from fairseq_plugins.graph_attention.extension_build import Extension
-from fairseq_plugins.graph_attention.registry import register_backend
+from fairseq_plugins.graph_attention.registry import Backend
 from fairseq_plugins.resources import resource_dir
 from fairseq_plugins.graphs.attention_graph import AttentionGraph
 
@@ -294,20 +294,15 @@ torch.library.register_autograd("fairseq_plugins::cuda_graph_attention", _backwa
                                 setup_context=_setup_context)
 
 
-def dropout_rng(query: torch.Tensor) -> torch.Tensor:
-    """The dropout stream of one call: int64 [2] (seed, offset) drawn on the query's device
-    from torch's generator there (``torch.manual_seed`` reproduces it). A device op, not a
-    host integer: a captured CUDA graph draws anew on every replay, and a compiled graph on
-    every call."""
-    return torch.randint(2**63 - 1, (2,), dtype=torch.int64, device=query.device)
-
-
 def fused_graph_attention(query, key, value, graph, rel_key=None, key_padding_mask=None,
-                          dropout_p=0.0, scale=None, split_edges: int = SPLIT_EDGES):
+                          dropout_p=0.0, scale=None, seed=None, split_edges: int = SPLIT_EDGES):
     """``graph_attention`` through the kernels' ops (the CUDA build on CUDA tensors; tests
-    register the host emulation as the ops' CPU kernel)."""
+    register the host emulation as the ops' CPU kernel); ``seed``: the dropout stream
+    (``registry.dropout_seed``), needed with dropout."""
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if dropout_p > 0 and seed is None:
+        raise ValueError("dropout needs the op's seed tensor: pass seed=registry.dropout_seed(device, dropout_p)")
     if scale is None:
         scale = query.size(-1) ** -0.5
     if rel_key is not None:
@@ -315,17 +310,16 @@ def fused_graph_attention(query, key, value, graph, rel_key=None, key_padding_ma
     if key_padding_mask is not None:
         key_padding_mask = key_padding_mask.to(device=query.device, dtype=torch.bool).contiguous()
     plan = plan_on(graph, query.device, split_edges)
-    rng = dropout_rng(query) if dropout_p > 0 else None
     out, _ = forward_op(query, key, value, rel_key, key_padding_mask, plan.indices, plan.edge_type,
                         *plan.by_query.args(), plan.t_query, plan.t_edge, *plan.by_key.args(), float(scale),
-                        float(dropout_p), rng)
+                        float(dropout_p), seed if dropout_p > 0 else None)
     return out
 
 
 def cuda_graph_attention(query, key, value, graph, rel_key=None, key_padding_mask=None,
-                         dropout_p=0.0, scale=None):
+                         dropout_p=0.0, scale=None, seed=None):
     """Backend function (see ``graph_attention`` for the semantics)."""
-    return fused_graph_attention(query, key, value, graph, rel_key, key_padding_mask, dropout_p, scale)
+    return fused_graph_attention(query, key, value, graph, rel_key, key_padding_mask, dropout_p, scale, seed)
 
 
 def prepare(query: torch.Tensor, graph: AttentionGraph) -> None:
@@ -334,4 +328,4 @@ def prepare(query: torch.Tensor, graph: AttentionGraph) -> None:
     plan_on(graph, query.device)
 
 
-register_backend("cuda", cuda_graph_attention, refuses, prepare)
+BACKEND = Backend("cuda", cuda_graph_attention, refuses, prepare, seeded=True)

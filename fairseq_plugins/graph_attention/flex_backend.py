@@ -37,7 +37,7 @@ import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 import fairseq_plugins.graph_attention.autotune as autotune
-from fairseq_plugins.graph_attention.registry import register_backend
+from fairseq_plugins.graph_attention.registry import Backend
 from fairseq_plugins.graphs.attention_graph import AttentionGraph
 
 BLOCK_SIZE = 128
@@ -189,4 +189,4 @@ def prepare(query: torch.Tensor, graph: AttentionGraph) -> None:
     graph_blocks(graph, query.device, length=compiled_length(n) if query.device.type in COMPILED_DEVICES else n)
 
 
-register_backend("flex", flex_graph_attention, refuses, prepare)
+BACKEND = Backend("flex", flex_graph_attention, refuses, prepare)

@@ -7,33 +7,38 @@ One op computes for every query node u
 where ``in(u)`` is row u of a CSR adjacency (``AttentionGraph``). The graph is shared by all
 sentences of a batch; sentences differ only through ``key_padding_mask``.
 
-Backends are looked up by name (``Backend``); each backend module calls ``register_backend``
-when it is imported. ``"torch"`` (``torch_backend``: exact, everywhere, the reference) is
-imported with the package; the optional ones (``OPTIONAL_BACKENDS``) on the first call. One
-whose module cannot be imported is reported: its error is kept (``backend_import_errors``),
+A ``Dispatcher`` owns the backends (``Backend``, looked up by name), their import errors,
+the self-check memo and the autotuner; ``DEFAULT`` is the one the op uses, and tests build
+their own. Each backend module defines ``BACKEND``; a dispatcher imports the modules of
+``BACKEND_MODULES`` on first use (``BACKEND_NAMES``: the names every command line offers).
+One whose module cannot be imported is reported: its error is kept (``import_errors``),
 named when the backend is asked for, and warned about unless only an optional dependency
 (Triton) is missing. A backend says why it cannot run some inputs (``refuses``, a pure check
 of devices, dtypes, shapes and limits) apart from getting ready (``prepare``: build or load
-its kernels), which happens only when it is about to be used.
+its kernels), which happens only when it is about to be used. What every backend would
+otherwise do alike is done once, where the op calls it (``Backend.__call__``): an edgeless
+graph gives zeros, and the dropout seed is drawn (``dropout_seed``).
 
 ``backend="auto"`` (unless ``BACKEND_ENV`` names a backend) trusts a fast backend only
 after it has checked itself: on the first call for a device, dtype and head dim, a backend
 that accepts the inputs gets ready and computes a padded BPT graph forward and backward,
-compared with the torch backend (remembered for the process); one that fails is named in a
+compared with the torch backend (remembered by the dispatcher); one that fails is named in a
 single warning and never used there. On a GPU, the backends of ``AUTO_CANDIDATES`` that
 pass are timed on the call's graph, forward and backward, once per ``autotune.TuningKey``
 (device, dtype, head dim, size bucket, dropout on/off), and the fastest is used; the timings
 are kept in memory and on disk (``autotune``). On CPU the first of ``CPU_AUTO_PREFERENCE``
-that passes is used, else the torch backend.
+that passes is used. When "auto" ends on the torch backend it logs once per device and
+dtype why each fast one was skipped.
 """
 
 import functools
 import importlib
+import logging
 import os
 import re
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -42,16 +47,22 @@ from fairseq_plugins.graph_attention.precision import autocast_inputs, autocast_
 from fairseq_plugins.graphs.attention_graph import AttentionGraph
 from fairseq_plugins.graphs.binary_partition import bpt_graph, node_present
 
-# backend name -> the module that registers it
-OPTIONAL_BACKENDS = {
+logger = logging.getLogger(__name__)
+
+# backend name -> the module that defines it (``BACKEND``); "torch" is the exact reference
+BACKEND_MODULES = {
+    "torch": "fairseq_plugins.graph_attention.torch_backend",
     "cpu": "fairseq_plugins.graph_attention.cpu_backend",
+    "triton": "fairseq_plugins.graph_attention.triton_backend",
     "cuda": "fairseq_plugins.graph_attention.cuda_backend",
     "flex": "fairseq_plugins.graph_attention.flex_backend",
-    "triton": "fairseq_plugins.graph_attention.triton_backend",
 }
+BACKEND_NAMES = tuple(BACKEND_MODULES)
 # the backends "auto" times on a CUDA tensor; one that is not registered, refuses the inputs
 # or fails its self-check is skipped (the torch backend is the reference and is not checked)
 AUTO_CANDIDATES = ("triton", "cuda", "flex", "torch")
+# the backends whose GPU kernels are this project's own (what compute-sanitizer checks)
+OWN_GPU_KERNELS = ("triton", "cuda")
 # set to a backend name, it replaces backend="auto" (an explicit backend= still wins)
 BACKEND_ENV = "FAIRSEQ_PLUGINS_GRAPH_ATTENTION_BACKEND"
 # fast backends "auto" may use on a CPU tensor, best first, untimed: the fused "cpu" kernel is
@@ -59,6 +70,8 @@ BACKEND_ENV = "FAIRSEQ_PLUGINS_GRAPH_ATTENTION_BACKEND"
 # tokens to documents of 8192 (benchmarks/graph_attention.md), and the only other candidate
 # ("flex") has no backward on CPU
 CPU_AUTO_PREFERENCE: Tuple[str, ...] = ("cpu",)
+# the device types on which "auto" times ``AUTO_CANDIDATES``
+TIMED_DEVICES = ("cuda",)
 # the self-check's graph: long enough that every fast backend splits work as it does in
 # training (the root span's row reads every token: more key tiles than one Triton program
 # walks, 16 x 32 at fp16, and more edges than one CUDA warp's piece, 256), k = 1 to stay small
@@ -67,6 +80,10 @@ SELF_CHECK_GRAPH = functools.partial(bpt_graph, SELF_CHECK_TOKENS, 1)
 SELF_CHECK_DROPOUT = 0.25
 # allowed max |backend - torch| relative to the reference's magnitude, per dtype
 SELF_CHECK_TOLERANCE = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+# the workload "auto" times, per graph: about this many nodes over the batch (a batch of
+# 4096 tokens is about 8192 nodes), ``TIMING_HEADS`` heads
+TIMING_BATCH_NODES = 8192
+TIMING_HEADS = 8
 
 BackendFn = Callable[..., torch.Tensor]
 # (query, graph, dropout_p) -> why the backend cannot run these inputs, or None
@@ -81,68 +98,45 @@ def _ready(query, graph) -> None:
     return None
 
 
+def dropout_seed(device, dropout_p: float) -> Optional[torch.Tensor]:
+    """The dropout stream of one call: int64 [2] (seed, offset), each below 2**31, drawn on
+    ``device`` from torch's generator there (``torch.manual_seed`` reproduces it); None
+    without dropout (nothing drawn). A device op, not a host integer: a captured CUDA graph
+    draws anew on every replay, a compiled graph on every call, and the backward reads the
+    saved tensor, hence the forward's mask."""
+    if dropout_p > 0:
+        return torch.randint(2**31 - 1, (2,), dtype=torch.int64, device=device)
+    return None
+
+
 @dataclass(frozen=True)
 class Backend:
-    """A registered implementation of the op.
+    """An implementation of the op.
 
-    ``fn(query, key, value, graph, rel_key, key_padding_mask, dropout_p, scale)``;
-    ``refuses(query, graph, dropout_p)``: the reason it cannot run these inputs, or None
-    (cheap and side-effect free: it never builds anything); ``prepare(query, graph)``: build
-    or load what ``fn`` needs for such a query (kernels, the graph's derived data), raising
-    when that is impossible here; called before each use, outside any ``torch.compile``
-    trace (so ``fn`` only reads what it prepared), and cheap once done."""
+    ``fn(query, key, value, graph, rel_key, key_padding_mask, dropout_p, scale)`` (with a
+    ``seed`` keyword when ``seeded``: ``dropout_seed``'s tensor); ``refuses(query, graph,
+    dropout_p)``: the reason it cannot run these inputs, or None (cheap and side-effect
+    free: it never builds anything); ``prepare(query, graph)``: build or load what ``fn``
+    needs for such a query (kernels, the graph's derived data), raising when that is
+    impossible here; called before each use, outside any ``torch.compile`` trace (so ``fn``
+    only reads what it prepared), and cheap once done. ``fn`` never sees an edgeless graph."""
 
     name: str
     fn: BackendFn
     refuses: Refusal = _accepts_everything
     prepare: Callable[[torch.Tensor, AttentionGraph], None] = _ready
+    seeded: bool = False  # draws its dropout mask from a seed tensor, not torch's generator
 
-
-_BACKENDS: Dict[str, Backend] = {}
-_IMPORT_ERRORS: Dict[str, str] = {}  # backend name -> why its module did not import
-_OPTIONAL_IMPORT_TRIED = False
-# (backend, device, dtype, head dim, rel_key dtype) -> None when the self-check passed, else the error
-_SELF_CHECKS: Dict[Tuple[str, str, torch.dtype, int, torch.dtype], Optional[str]] = {}
-
-
-def register_backend(name: str, fn: BackendFn, refuses: Refusal = _accepts_everything,
-                     prepare: Callable[[torch.Tensor, AttentionGraph], None] = _ready) -> None:
-    """Register ``fn`` under ``name`` (see ``Backend`` for the three callables)."""
-    _BACKENDS[name] = Backend(name, fn, refuses, prepare)
-
-
-def _load_optional_backends() -> None:
-    """Import the optional backends once; a failure is kept, and warned about unless it is an
-    optional third-party dependency that is simply not installed."""
-    global _OPTIONAL_IMPORT_TRIED
-    if _OPTIONAL_IMPORT_TRIED:
-        return
-    _OPTIONAL_IMPORT_TRIED = True
-    for name, module in OPTIONAL_BACKENDS.items():  # each registers itself
-        try:
-            importlib.import_module(module)
-        except ImportError as error:
-            _IMPORT_ERRORS[name] = f"{type(error).__name__}: {error}"
-            missing = getattr(error, "name", None) or ""
-            if not isinstance(error, ModuleNotFoundError) or missing.startswith("fairseq_plugins"):
-                warnings.warn(f"graph attention backend {name!r} failed to import ({_IMPORT_ERRORS[name]})",
-                              RuntimeWarning, stacklevel=3)
-
-
-def backend_import_errors() -> Dict[str, str]:
-    """Backends whose module could not be imported, with the error (e.g. no Triton)."""
-    _load_optional_backends()
-    return dict(_IMPORT_ERRORS)
-
-
-def get_backend(name: str) -> Backend:
-    """The registered backend ``name``; a clear error when it is unknown or did not import."""
-    _load_optional_backends()
-    if name in _BACKENDS:
-        return _BACKENDS[name]
-    if name in _IMPORT_ERRORS:
-        raise ValueError(f"graph attention backend {name!r} could not be imported: {_IMPORT_ERRORS[name]}")
-    raise ValueError(f"graph attention backend {name!r} is not registered (available: {sorted(_BACKENDS)})")
+    def __call__(self, query, key, value, graph: AttentionGraph, rel_key, key_padding_mask,
+                 dropout_p: float, scale: float) -> torch.Tensor:
+        """``fn`` as the op runs it: zeros for a graph without edges (no row has a key), the
+        dropout seed drawn here for a seeded backend."""
+        if graph.num_edges == 0:
+            return torch.zeros_like(query)
+        if self.seeded:
+            return self.fn(query, key, value, graph, rel_key, key_padding_mask, dropout_p, scale,
+                           seed=dropout_seed(query.device, dropout_p))
+        return self.fn(query, key, value, graph, rel_key, key_padding_mask, dropout_p, scale)
 
 
 def release(version: str) -> Tuple[int, ...]:
@@ -155,6 +149,243 @@ def release(version: str) -> Tuple[int, ...]:
 # instances") in every compiled model, 2.13's traces it. Before it the op runs outside the
 # compiled graph (a graph break); fullgraph=True is refused with this reason.
 TRACEABLE_FROM = (2, 13)
+
+
+class Dispatcher:
+    """The backends of one process (or one test) and what "auto" learned about them.
+
+    ``modules``: backend name -> module defining ``BACKEND``, imported on first use;
+    ``register`` adds or replaces one. ``auto_candidates``, ``cpu_preference``,
+    ``timed_devices`` and ``timing_batch_nodes``: see the module's constants of those names;
+    ``autotuner``: where the timings of "auto" are kept (default: one over the plugin's
+    cache)."""
+
+    def __init__(self, modules: Mapping[str, str] = BACKEND_MODULES,
+                 auto_candidates: Sequence[str] = AUTO_CANDIDATES,
+                 cpu_preference: Sequence[str] = CPU_AUTO_PREFERENCE,
+                 timed_devices: Sequence[str] = TIMED_DEVICES,
+                 autotuner: Optional[autotune.Autotuner] = None,
+                 timing_batch_nodes: int = TIMING_BATCH_NODES):
+        self.modules = dict(modules)
+        self.auto_candidates, self.cpu_preference = tuple(auto_candidates), tuple(cpu_preference)
+        self.timed_devices, self.timing_batch_nodes = tuple(timed_devices), timing_batch_nodes
+        self.autotuner = autotune.Autotuner() if autotuner is None else autotuner
+        self._backends: Dict[str, Backend] = {}
+        self._import_errors: Dict[str, str] = {}  # backend name -> why its module did not import
+        self._imported = False
+        # (backend, device, dtype, head dim, rel_key dtype) -> None when the self-check passed, else the error
+        self.self_checks: Dict[Tuple[str, str, torch.dtype, int, torch.dtype], Optional[str]] = {}
+        self._fallbacks_logged = set()  # (device, dtype) whose torch fallback was logged
+
+    def _import(self) -> None:
+        """Import the backends' modules once; a failure is kept, and warned about unless it is
+        an optional third-party dependency that is simply not installed."""
+        if self._imported:
+            return
+        self._imported = True
+        for name, module in self.modules.items():
+            try:
+                self._backends.setdefault(name, importlib.import_module(module).BACKEND)
+            except ImportError as error:
+                self._import_errors[name] = f"{type(error).__name__}: {error}"
+                missing = getattr(error, "name", None) or ""
+                if not isinstance(error, ModuleNotFoundError) or missing.startswith("fairseq_plugins"):
+                    warnings.warn(f"graph attention backend {name!r} failed to import "
+                                  f"({self._import_errors[name]})", RuntimeWarning, stacklevel=4)
+
+    @property
+    def backends(self) -> Dict[str, Backend]:
+        """The registered backends by name (the modules imported first)."""
+        self._import()
+        return self._backends
+
+    def import_errors(self) -> Dict[str, str]:
+        """Backends whose module could not be imported, with the error (e.g. no Triton)."""
+        self._import()
+        return dict(self._import_errors)
+
+    def register(self, backend: Backend) -> Backend:
+        """Add ``backend`` under its name (replacing one of that name); returns it."""
+        self.backends[backend.name] = backend
+        return backend
+
+    def get(self, name: str) -> Backend:
+        """The registered backend ``name``; a clear error when it is unknown or did not import."""
+        if name in self.backends:
+            return self._backends[name]
+        if name in self._import_errors:
+            raise ValueError(f"graph attention backend {name!r} could not be imported: {self._import_errors[name]}")
+        raise ValueError(f"graph attention backend {name!r} is not registered (available: {sorted(self._backends)})")
+
+    def refuses(self, name: str, query: torch.Tensor, graph: AttentionGraph, dropout_p: float = 0.0) -> Optional[str]:
+        """Why backend ``name`` cannot run such a query over ``graph`` here (not imported,
+        not registered, or its own ``refuses``), or None. Builds nothing."""
+        try:
+            return self.get(name).refuses(query, graph, dropout_p)
+        except ValueError as error:
+            return str(error)
+
+    def graph_attention(self, query, key, value, graph: AttentionGraph, rel_key=None, key_padding_mask=None,
+                        dropout_p: float = 0.0, scale: Optional[float] = None, backend: str = "auto") -> torch.Tensor:
+        """The op through this dispatcher's backends (see the module-level ``graph_attention``)."""
+        if torch.compiler.is_compiling() and release(torch.__version__) < TRACEABLE_FROM:
+            raise RuntimeError(f"torch.compile traces graph_attention from torch {'.'.join(map(str, TRACEABLE_FROM))} "
+                               f"on; with torch {torch.__version__} it runs outside the compiled graph")
+        query, key, value = autocast_inputs(query, key, value)
+        _check_inputs(query, key, value, graph, rel_key, key_padding_mask, dropout_p)
+        if scale is None:
+            scale = query.size(-1) ** -0.5
+        name = resolve_backend(self, backend, query.device, query.dtype, query.size(-1), graph, float(dropout_p),
+                               None if rel_key is None else rel_key.dtype)
+        with autocast_off(query.device):
+            return self._backends[name](query, key, value, graph, rel_key, key_padding_mask, dropout_p, scale)
+
+    def resolve(self, backend: str, device: torch.device, dtype: torch.dtype, head_dim: int,
+                graph: AttentionGraph, dropout_p: float, rel_dtype: Optional[torch.dtype]) -> str:
+        """The name of the backend that runs queries of this device, dtype and head dim over
+        ``graph``, ready to run: "auto" resolved (self-checks included), a refusal raised,
+        ``prepare`` done. (Limits on the batch size, which may be symbolic under
+        ``torch.compile``, are the backend function's to check.)"""
+        # what the backends look at: one sentence and head of the query's kind
+        query = torch.empty((), dtype=dtype, device=device).expand(1, 1, graph.num_nodes, head_dim)
+        named_by = ""
+        if backend == "auto" and os.environ.get(BACKEND_ENV, "auto") != "auto":
+            backend, named_by = os.environ[BACKEND_ENV], f" (named by {BACKEND_ENV})"
+        if backend == "auto":
+            backend = self.auto(query, graph, dropout_p, rel_dtype)
+        try:
+            entry = self.get(backend)
+        except ValueError as error:
+            raise ValueError(f"{error}{named_by}") from None
+        reason = entry.refuses(query, graph, dropout_p)
+        if reason is not None:
+            raise RuntimeError(f"graph attention backend {backend!r}{named_by} cannot run these inputs: {reason}")
+        entry.prepare(query, graph)
+        return backend
+
+    def auto(self, query: torch.Tensor, graph: AttentionGraph, dropout_p: float = 0.0,
+             rel_dtype: Optional[torch.dtype] = None) -> str:
+        """The backend ``backend="auto"`` uses for these inputs (see the module docstring); the
+        environment's ``BACKEND_ENV`` is not read here (``resolve`` does)."""
+        skipped: Dict[str, str] = {}  # fast backend -> why it is not used
+        if query.device.type not in self.timed_devices:
+            for name in self.cpu_preference if query.device.type == "cpu" else ():
+                skipped[name] = self.refuses(name, query, graph, dropout_p) or self._distrust(name, query, rel_dtype)
+                if skipped[name] is None:
+                    return name
+            return self._fall_back(query, skipped)
+        names = []
+        for name in self.auto_candidates:
+            reason = self.refuses(name, query, graph, dropout_p)
+            if reason is None:
+                names.append(name)
+            else:
+                skipped[name] = reason
+        key = autotune.TuningKey(autotune.device_name(query.device), query.dtype, rel_dtype, query.size(-1),
+                                 autotune.size_bucket(graph.num_nodes), dropout_p > 0)
+        timing = self.autotuner.lookup(key)
+        if timing is None or not timing.covers(names):
+            untrusted = {name: self._distrust(name, query, rel_dtype) for name in names
+                         if self._distrust(name, query, rel_dtype)}
+            correct = [name for name in names if name not in untrusted]
+            if len(correct) < 2:
+                skipped.update(untrusted)
+                return self._fall_back(query, skipped) if correct in ([], ["torch"]) else correct[0]
+            make_run = functools.partial(self._timed_run, query=query, graph=graph, dropout_p=dropout_p,
+                                         rel_dtype=rel_dtype)
+            with torch.inference_mode(False), torch.enable_grad(), autocast_off(query.device), \
+                    torch.random.fork_rng(devices=[query.device] if query.is_cuda else []):
+                timing = self.autotuner.tune(key, correct, make_run, query.device, untrusted)
+        for name in timing.fastest_first(names):  # a timing from disk: check the winner in this process
+            skipped[name] = self._distrust(name, query, rel_dtype)
+            if skipped[name] is None:
+                if name != "torch":
+                    return name
+                skipped.update({other: f"timed slower: {timing.summary()}" for other in timing.times_ms})
+                break
+        skipped.update(timing.failed)
+        return self._fall_back(query, skipped)
+
+    def _distrust(self, name: str, query: torch.Tensor, rel_dtype: Optional[torch.dtype]) -> Optional[str]:
+        """Why "auto" does not trust backend ``name`` here (its failed self-check), or None."""
+        error = self.self_check_error(name, query, rel_dtype)
+        return None if error is None else f"self-check: {error}"
+
+    def _fall_back(self, query: torch.Tensor, skipped: Dict[str, str]) -> str:
+        """"torch", logged once per device and dtype with why each fast backend was skipped."""
+        seen = (str(query.device), query.dtype)
+        if seen not in self._fallbacks_logged:
+            self._fallbacks_logged.add(seen)
+            reasons = "; ".join(f"{name}: {why}" for name, why in skipped.items() if name != "torch")
+            logger.info("graph attention auto uses the torch backend on %s / %s (%s)", seen[0],
+                        str(seen[1]).replace("torch.", ""), reasons or f"no fast backend runs on {query.device.type}")
+        return "torch"
+
+    def _timed_run(self, name: str, query: torch.Tensor, graph: AttentionGraph, dropout_p: float,
+                   rel_dtype: Optional[torch.dtype]) -> autotune.Run:
+        """One forward and backward of backend ``name`` on ``graph`` as training runs it (query,
+        key, value, relative keys and a padding mask, ``timing_batch_nodes`` nodes over the
+        batch), inputs built here so that the run times the op alone; called under the grad
+        mode, autocast state and forked random state of the timing (``auto``)."""
+        entry = self._backends[name]
+        entry.prepare(query, graph)
+        batch = max(1, round(self.timing_batch_nodes / graph.num_nodes))
+        gen = torch.Generator().manual_seed(0)
+        shape = (batch, TIMING_HEADS, graph.num_nodes, query.size(-1))
+        q, k, v = (torch.randn(shape, generator=gen).to(query.device, query.dtype).requires_grad_() for _ in range(3))
+        rel_key = None if rel_dtype is None else torch.randn(
+            graph.num_edge_types, query.size(-1), generator=gen).to(query.device, rel_dtype).requires_grad_()
+        mask = torch.zeros(batch, graph.num_keys, dtype=torch.bool, device=query.device)
+        grad = torch.randn(shape, generator=gen).to(query.device, query.dtype)
+        scale = query.size(-1) ** -0.5
+
+        def run():
+            for leaf in (q, k, v, rel_key):
+                if leaf is not None:
+                    leaf.grad = None
+            entry(q, k, v, graph, rel_key, mask, dropout_p, scale).backward(grad)
+        return run
+
+    def self_check_error(self, name: str, query: torch.Tensor,
+                         rel_dtype: Optional[torch.dtype] = None) -> Optional[str]:
+        """None when backend ``name`` matches the torch backend on ``query``'s device, dtype
+        and head dim (and relative keys of ``rel_dtype``, default the query's: float32 ones
+        under autocast), else the error; run once per dispatcher (after ``prepare``, whose
+        failure fails the check), with one warning naming the backend and the error on
+        failure. The torch backend is the reference: never checked. A backend that refuses
+        dropout is checked without it (it never runs it)."""
+        if name == "torch":
+            return None
+        key = (name, str(query.device), query.dtype, query.size(-1), rel_dtype or query.dtype)
+        if key not in self.self_checks:
+            try:
+                graph = SELF_CHECK_GRAPH()
+                entry = self.get(name)
+                check_query = query.new_empty(()).expand(1, 1, graph.num_nodes, query.size(-1))
+                dropout = entry.refuses(check_query, graph, SELF_CHECK_DROPOUT) is None
+                entry.prepare(query, graph)
+                with torch.inference_mode(False), torch.enable_grad():  # whatever the caller runs in
+                    self_check(entry, query.device, query.dtype, query.size(-1), key[-1], dropout,
+                               reference=self.get("torch"))
+                self.self_checks[key] = None
+            except Exception as error:  # any failure means: do not trust it here
+                self.self_checks[key] = f"{type(error).__name__}: {error}"
+                warnings.warn(f"graph attention backend {name!r} failed its self-check on "
+                              f"{query.device} / {query.dtype} / head dim {query.size(-1)} and "
+                              f"is not used there ({self.self_checks[key]}); 'auto' uses another backend",
+                              RuntimeWarning, stacklevel=4)
+        return self.self_checks[key]
+
+
+# the dispatcher of the op (``graph_attention``) and of ``register_backend``
+DEFAULT = Dispatcher()
+
+
+def register_backend(name: str, fn: BackendFn, refuses: Refusal = _accepts_everything,
+                     prepare: Callable[[torch.Tensor, AttentionGraph], None] = _ready,
+                     seeded: bool = False) -> None:
+    """Register ``fn`` under ``name`` with the op's dispatcher (see ``Backend``)."""
+    DEFAULT.register(Backend(name, fn, refuses, prepare, seeded))
 
 
 def graph_attention(
@@ -173,53 +404,24 @@ def graph_attention(
     dropout_p: attention-probability dropout (applied after softmax, like fairseq).
     Under autocast, float32 query/key/value are computed in autocast's dtype (``precision``);
     rel_key keeps its dtype, and so does its gradient.
-    backend: "auto" or a registered name ("torch", "cpu", "cuda", "flex", ...); "auto" = the
-        backend named by the environment variable ``BACKEND_ENV`` if set, else on CUDA the
-        fastest of ``AUTO_CANDIDATES`` that accepts the inputs and passed its self-check
-        (timed once per ``autotune.TuningKey``), on CPU the first such of
-        ``CPU_AUTO_PREFERENCE``, else "torch".
+    backend: "auto" or a registered name (``BACKEND_NAMES``); "auto" = the backend named by
+        the environment variable ``BACKEND_ENV`` if set, else on CUDA the fastest of
+        ``AUTO_CANDIDATES`` that accepts the inputs and passed its self-check (timed once
+        per ``autotune.TuningKey``), on CPU the first such of ``CPU_AUTO_PREFERENCE``, else
+        "torch". Runs through ``DEFAULT``.
     Returns [B, H, N, D].
     """
-    if torch.compiler.is_compiling() and release(torch.__version__) < TRACEABLE_FROM:
-        raise RuntimeError(f"torch.compile traces graph_attention from torch {'.'.join(map(str, TRACEABLE_FROM))} "
-                           f"on; with torch {torch.__version__} it runs outside the compiled graph")
-    query, key, value = autocast_inputs(query, key, value)
-    _check_inputs(query, key, value, graph, rel_key, key_padding_mask, dropout_p)
-    if scale is None:
-        scale = query.size(-1) ** -0.5
-    name = resolve_backend(backend, query.device, query.dtype, query.size(-1), graph, float(dropout_p),
-                           None if rel_key is None else rel_key.dtype)
-    with autocast_off(query.device):
-        return _BACKENDS[name].fn(query, key, value, graph, rel_key, key_padding_mask, dropout_p, scale)
+    return DEFAULT.graph_attention(query, key, value, graph, rel_key, key_padding_mask, dropout_p, scale, backend)
 
 
 @torch.compiler.assume_constant_result
-def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype, head_dim: int,
-                    graph: AttentionGraph, dropout_p: float, rel_dtype: Optional[torch.dtype]) -> str:
-    """The name of the backend that runs queries of this device, dtype and head dim over
-    ``graph``, ready to run: "auto" resolved (self-checks included), a refusal raised,
-    ``prepare`` done. (Limits on the batch size, which may be symbolic under
-    ``torch.compile``, are the backend function's to check.)
-
-    Plain Python over the inputs' metadata, so that ``torch.compile`` evaluates it once
-    while tracing (imports, builds and self-checks are not traced) and keeps its answer as a
-    constant of the compiled graph."""
-    # what the backends look at: one sentence and head of the query's kind
-    query = torch.empty((), dtype=dtype, device=device).expand(1, 1, graph.num_nodes, head_dim)
-    named_by = ""
-    if backend == "auto" and os.environ.get(BACKEND_ENV, "auto") != "auto":
-        backend, named_by = os.environ[BACKEND_ENV], f" (named by {BACKEND_ENV})"
-    if backend == "auto":
-        backend = auto_backend(query, graph, dropout_p, rel_dtype)
-    try:
-        entry = get_backend(backend)
-    except ValueError as error:
-        raise ValueError(f"{error}{named_by}") from None
-    reason = entry.refuses(query, graph, dropout_p)
-    if reason is not None:
-        raise RuntimeError(f"graph attention backend {backend!r}{named_by} cannot run these inputs: {reason}")
-    entry.prepare(query, graph)
-    return backend
+def resolve_backend(dispatcher: Dispatcher, backend: str, device: torch.device, dtype: torch.dtype,
+                    head_dim: int, graph: AttentionGraph, dropout_p: float,
+                    rel_dtype: Optional[torch.dtype]) -> str:
+    """``dispatcher.resolve``, as plain Python over the inputs' metadata, so that
+    ``torch.compile`` evaluates it once while tracing (imports, builds and self-checks are
+    not traced) and keeps its answer as a constant of the compiled graph."""
+    return dispatcher.resolve(backend, device, dtype, head_dim, graph, dropout_p, rel_dtype)
 
 
 def _check_inputs(query, key, value, graph, rel_key, key_padding_mask, dropout_p):
@@ -249,121 +451,13 @@ def _check_inputs(query, key, value, graph, rel_key, key_padding_mask, dropout_p
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
 
 
-def wants_fast_backend(query: torch.Tensor) -> bool:
-    """Whether "auto" times the GPU candidates (``AUTO_CANDIDATES``) for these tensors: CUDA ones.
-
-    Module-level so that tests can stand a CPU tensor in for a CUDA one."""
-    return query.is_cuda
-
-
-# the timings of "auto" on GPUs (tests put in one with their own cache folder and clock)
-AUTOTUNER = autotune.Autotuner()
-# the workload "auto" times, per graph: about this many nodes over the batch (a batch of
-# 4096 tokens is about 8192 nodes), ``TIMING_HEADS`` heads
-TIMING_BATCH_NODES = 8192
-TIMING_HEADS = 8
-
-
-def auto_backend(query: torch.Tensor, graph: AttentionGraph, dropout_p: float = 0.0,
-                 rel_dtype: Optional[torch.dtype] = None) -> str:
-    """The backend ``backend="auto"`` uses for these inputs (see the module docstring); the
-    environment's ``BACKEND_ENV`` is not read here (``resolve_backend`` does)."""
-    _load_optional_backends()
-    if not wants_fast_backend(query):
-        candidates = CPU_AUTO_PREFERENCE if query.device.type == "cpu" else ()
-        for name in candidates:
-            entry = _BACKENDS.get(name)
-            if entry is not None and entry.refuses(query, graph, dropout_p) is None \
-                    and passes_self_check(name, query, rel_dtype):
-                return name
-        return "torch"
-    names = [name for name in AUTO_CANDIDATES
-             if name in _BACKENDS and _BACKENDS[name].refuses(query, graph, dropout_p) is None]
-    key = autotune.TuningKey(autotune.device_name(query.device), query.dtype, rel_dtype, query.size(-1),
-                             autotune.size_bucket(graph.num_nodes), dropout_p > 0)
-    timing = AUTOTUNER.lookup(key)
-    if timing is None or not timing.covers(names):
-        correct = [name for name in names if _trusted(name, query, rel_dtype)]
-        if len(correct) < 2:
-            return correct[0] if correct else "torch"
-        untrusted = {name: f"self-check: {_SELF_CHECKS[_self_check_key(name, query, rel_dtype)]}"
-                     for name in names if name not in correct}
-        make_run = functools.partial(_timed_run, query=query, graph=graph, dropout_p=dropout_p, rel_dtype=rel_dtype)
-        with torch.inference_mode(False), torch.enable_grad(), autocast_off(query.device), \
-                torch.random.fork_rng(devices=[query.device] if query.is_cuda else []):
-            timing = AUTOTUNER.tune(key, correct, make_run, query.device, untrusted)
-    for name in timing.fastest_first(names):  # a timing from disk: check the winner in this process
-        if _trusted(name, query, rel_dtype):
-            return name
-    return "torch"
-
-
-def _trusted(name: str, query: torch.Tensor, rel_dtype: Optional[torch.dtype]) -> bool:
-    return name == "torch" or passes_self_check(name, query, rel_dtype)
-
-
-def _timed_run(name: str, query: torch.Tensor, graph: AttentionGraph, dropout_p: float,
-               rel_dtype: Optional[torch.dtype]) -> autotune.Run:
-    """One forward and backward of backend ``name`` on ``graph`` as training runs it (query,
-    key, value, relative keys and a padding mask, ``TIMING_BATCH_NODES`` nodes over the
-    batch), inputs built here so that the run times the op alone; called under the grad
-    mode, autocast state and forked random state of the timing (``auto_backend``)."""
-    entry = _BACKENDS[name]
-    entry.prepare(query, graph)
-    batch = max(1, round(TIMING_BATCH_NODES / graph.num_nodes))
-    gen = torch.Generator().manual_seed(0)
-    shape = (batch, TIMING_HEADS, graph.num_nodes, query.size(-1))
-    q, k, v = (torch.randn(shape, generator=gen).to(query.device, query.dtype).requires_grad_() for _ in range(3))
-    rel_key = None if rel_dtype is None else \
-        torch.randn(graph.num_edge_types, query.size(-1), generator=gen).to(query.device, rel_dtype).requires_grad_()
-    mask = torch.zeros(batch, graph.num_keys, dtype=torch.bool, device=query.device)
-    grad = torch.randn(shape, generator=gen).to(query.device, query.dtype)
-    scale = query.size(-1) ** -0.5
-
-    def run():
-        for leaf in (q, k, v, rel_key):
-            if leaf is not None:
-                leaf.grad = None
-        entry.fn(q, k, v, graph, rel_key, mask, dropout_p, scale).backward(grad)
-    return run
-
-
-def passes_self_check(name: str, query: torch.Tensor, rel_dtype: Optional[torch.dtype] = None) -> bool:
-    """Backend ``name`` against the torch backend on ``query``'s device, dtype and head dim
-    (and relative keys of ``rel_dtype``, default the query's: float32 ones under autocast);
-    run once per process (after ``prepare``, whose failure fails the check), with one warning
-    naming the backend and the error on failure. A backend that refuses dropout is checked
-    without it (it never runs it)."""
-    key = _self_check_key(name, query, rel_dtype)
-    if key not in _SELF_CHECKS:
-        try:
-            graph = SELF_CHECK_GRAPH()
-            entry = _BACKENDS[name]
-            check_query = query.new_empty(()).expand(1, 1, graph.num_nodes, query.size(-1))
-            dropout = entry.refuses(check_query, graph, SELF_CHECK_DROPOUT) is None
-            entry.prepare(query, graph)
-            with torch.inference_mode(False), torch.enable_grad():  # whatever the caller runs in
-                self_check(entry.fn, query.device, query.dtype, query.size(-1), key[-1], dropout)
-            _SELF_CHECKS[key] = None
-        except Exception as error:  # any failure means: do not trust it here
-            _SELF_CHECKS[key] = f"{type(error).__name__}: {error}"
-            warnings.warn(f"graph attention backend {name!r} failed its self-check on "
-                          f"{query.device} / {query.dtype} / head dim {query.size(-1)} and "
-                          f"is not used there ({_SELF_CHECKS[key]}); 'auto' uses another backend",
-                          RuntimeWarning, stacklevel=3)
-    return _SELF_CHECKS[key] is None
-
-
-def _self_check_key(name: str, query: torch.Tensor, rel_dtype: Optional[torch.dtype]) -> tuple:
-    return (name, str(query.device), query.dtype, query.size(-1), rel_dtype or query.dtype)
-
-
 def self_check(fn: BackendFn, device, dtype, head_dim: int, rel_dtype: Optional[torch.dtype] = None,
-               dropout: bool = True) -> None:
+               dropout: bool = True, reference: Optional[BackendFn] = None) -> None:
     """Raise unless ``fn`` computes what training runs, on ``SELF_CHECK_GRAPH`` (a BPT graph
     long enough that every fast backend splits work: see ``SELF_CHECK_TOKENS``), two
     sentences, one padded, 2 heads, relative keys of ``rel_dtype`` (default ``dtype``), each
-    result in its input's dtype, ``fn`` run as the op runs it (autocast off):
+    result in its input's dtype, ``fn`` run as the op runs it (autocast off; a ``Backend``
+    draws its seed), against ``reference`` (default: the op's torch backend):
 
     * without dropout: output and the gradients of query, key, value and relative keys
       match the torch backend in float64;
@@ -384,7 +478,7 @@ def self_check(fn: BackendFn, device, dtype, head_dim: int, rel_dtype: Optional[
     leaves.append(0.5 * torch.randn(graph.num_edge_types, head_dim, generator=gen))
     grad_out = torch.randn(shape, generator=gen)
     absent = ~node_present(torch.tensor([SELF_CHECK_TOKENS, SELF_CHECK_TOKENS // 2 + 3]), SELF_CHECK_TOKENS)
-    reference_fn = _BACKENDS["torch"].fn
+    reference_fn = reference or DEFAULT.get("torch")
     dtypes = (dtype,) * 3 + (rel_dtype,)
 
     def run(backend_fn, tensors, grad, dropout_p=0.0, seed=0):

@@ -19,7 +19,7 @@ from typing import Tuple
 import torch
 import torch.nn.functional as F
 
-from fairseq_plugins.graph_attention.registry import register_backend
+from fairseq_plugins.graph_attention.registry import Backend
 from fairseq_plugins.graph_attention.torch_tree import GROUP_TOKENS, tree_block_attention, tree_plan
 from fairseq_plugins.graphs.attention_graph import AttentionGraph
 
@@ -57,7 +57,7 @@ def prepare(query: torch.Tensor, graph: AttentionGraph) -> None:
         tree_plan(graph, GROUP_TOKENS, query.device)
 
 
-register_backend("torch", torch_graph_attention, prepare=prepare)
+BACKEND = Backend("torch", torch_graph_attention, prepare=prepare)
 
 
 def _dense_layout(graph: AttentionGraph, device, dtype) -> Tuple[torch.Tensor, torch.Tensor]:

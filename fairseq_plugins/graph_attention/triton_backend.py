@@ -10,7 +10,7 @@ strides: the time-first views fairseq's attention hands over go in without a cop
 back time-first.
 Forward and backward are ``torch.library`` ops over the plan's tensors (``forward_op``,
 ``backward_op``) with fake implementations, so ``torch.compile`` traces them; the dropout
-seed is a tensor on the query's device (``draw_seed``), never read on the host.
+seed is a tensor on the query's device (``registry.dropout_seed``), never read on the host.
 
 The relative-key term is a gathered fp32 table scale * q . rel_key[t] ([BH, N, T], one GEMM);
 its gradient, summed per (row, type) in the dQ kernel, becomes d rel_key through one GEMM
@@ -38,7 +38,7 @@ from torch import Tensor
 
 from fairseq_plugins.graph_attention import triton_kernels  # ImportError without Triton
 from fairseq_plugins.graph_attention.precision import autocast_off
-from fairseq_plugins.graph_attention.registry import register_backend, release
+from fairseq_plugins.graph_attention.registry import Backend, release
 from fairseq_plugins.graph_attention.tile_plan import TilePlan, WorkItems, plan_on
 from fairseq_plugins.graphs.attention_graph import AttentionGraph
 
@@ -259,8 +259,8 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, rel_key: Optional[Tensor]
                       plan: List[Tensor], plan_sizes: List[int], scale: float, dropout_p: float,
                       seed: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
     """q, k, v: [B, H, N, D], any strides (``_in_place``); pad: uint8 [B, N] (1 = absent);
-    plan: ``TilePlan.tensors()``, plan_sizes: ``TilePlan.sizes()``; seed: int64 scalar on
-    the device. Returns (out [B, H, N, D] in q's memory order (``empty_in_layout``), lse fp32
+    plan: ``TilePlan.tensors()``, plan_sizes: ``TilePlan.sizes()``; seed: int64 tensor on the
+    device, its first element read. Returns (out [B, H, N, D] in q's memory order (``empty_in_layout``), lse fp32
     [B*H, N], the fp32 table scale * q . rel_key [B*H*N, T], [0] without relative keys)."""
     with autocast_off(q.device):
         bsz, heads, num_nodes, dim = q.shape
@@ -445,37 +445,32 @@ torch.library.register_autograd("fairseq_plugins::triton_graph_attention", _back
                                 setup_context=_setup_context)
 
 
-def draw_seed(device: torch.device, dropout_p: float) -> torch.Tensor:
-    """The dropout seed, an int64 scalar drawn on ``device`` from torch's generator
-    (``torch.manual_seed`` reproduces it) with no host read: a captured CUDA graph draws a
-    new one on every replay, and the backward reads the saved tensor, hence the forward's
-    mask. Zero (never read) without dropout."""
-    if dropout_p > 0:
-        return torch.randint(0, 2**31 - 1, (), device=device)
-    return torch.zeros((), dtype=torch.int64, device=device)
-
-
 def triton_graph_attention(query, key, value, graph, rel_key=None, key_padding_mask=None,
-                           dropout_p=0.0, scale=None):
+                           dropout_p=0.0, scale=None, seed=None):
     """Backend function (see ``graph_attention`` for the semantics), called by it with checked
-    inputs that this backend accepts (``refuses``) and a float scale."""
-    if graph.num_edges == 0:  # no row has a key
-        return torch.zeros_like(query)
+    inputs that this backend accepts (``refuses``), a float scale, a graph with edges and,
+    with dropout, the op's seed tensor (``registry.dropout_seed``)."""
     plan = plan_on(graph, *tiles(query.dtype, query.size(-1)), query.device)
-    return attend(query, key, value, plan, rel_key, key_padding_mask, float(scale), float(dropout_p))
+    return attend(query, key, value, plan, rel_key, key_padding_mask, float(scale), float(dropout_p), seed)
 
 
 def attend(query, key, value, plan: TilePlan, rel_key, key_padding_mask, scale: float,
-           dropout_p: float) -> torch.Tensor:
+           dropout_p: float, seed: Optional[Tensor] = None) -> torch.Tensor:
     """The op over ``plan`` (which the tests build with other work splits); query, key,
-    value go in as they are (views of fairseq's time-first layout included)."""
+    value go in as they are (views of fairseq's time-first layout included); ``seed``: the
+    dropout stream (``registry.dropout_seed``; the kernels read its first element), needed
+    with dropout."""
+    if dropout_p > 0 and seed is None:
+        raise ValueError("dropout needs the op's seed tensor: pass seed=registry.dropout_seed(device, dropout_p)")
     bsz, _, num_nodes, _ = query.shape
     if key_padding_mask is None:  # one binary for both: a mask with every key present
         pad = torch.zeros(bsz, num_nodes, device=query.device, dtype=torch.uint8)
     else:
         pad = key_padding_mask.to(device=query.device, dtype=torch.uint8)
+    if seed is None:  # one binary for both: a seed that is never read
+        seed = torch.zeros(1, dtype=torch.int64, device=query.device)
     out, _, _ = forward_op(query, key, value, rel_key, pad, list(plan.tensors()), list(plan.sizes()),
-                           scale, dropout_p, draw_seed(query.device, dropout_p))
+                           scale, dropout_p, seed)
     return out
 
 
@@ -485,4 +480,4 @@ def prepare(query: torch.Tensor, graph: AttentionGraph) -> None:
         plan_on(graph, *tiles(query.dtype, query.size(-1)), query.device)
 
 
-register_backend("triton", triton_graph_attention, refuses, prepare)
+BACKEND = Backend("triton", triton_graph_attention, refuses, prepare, seeded=True)

@@ -13,6 +13,7 @@ from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerModel
 from fairseq.models.transformer.transformer_legacy import base_architecture, transformer_iwslt_de_en
 
+from fairseq_plugins.graph_attention.registry import BACKEND_NAMES
 from fairseq_plugins.graphs.binary_partition import TreeGraphSpec
 from fairseq_plugins.models.model_options import (
     PluginTransformerConfig, add_config_args, check_at_least, check_choice, set_default_options,
@@ -23,7 +24,7 @@ from fairseq_plugins.modules.bpt.graph_transformer_layers import CROSS_ATTENTION
 
 GRAPH_SIDES = ("encoder", "decoder", "both")
 TOKEN_POSITIONS = ("none", "absolute")
-GRAPH_ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton", "cuda", "flex")
+GRAPH_ATTENTION_BACKENDS = ("auto", *BACKEND_NAMES)
 # what the plugin did before the paper's choices became options; configs built then lack them
 PLUGIN_V1 = dict(graph_token_positions="absolute", graph_cross_attention="nodes")
 

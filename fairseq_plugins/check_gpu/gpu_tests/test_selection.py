@@ -23,6 +23,6 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 @pytest.mark.parametrize("dim", [32, 48, 64, 128])
 def test_auto_picks_a_backend_that_matches_float64(dim, dtype):
     graph = bpt_graph(300, 4)
-    picked = registry.auto_backend(torch.zeros(1, 1, graph.num_nodes, dim, device=DEVICE, dtype=dtype), graph)
+    picked = registry.DEFAULT.auto(torch.zeros(1, 1, graph.num_nodes, dim, device=DEVICE, dtype=dtype), graph)
     print(f"auto on {DEVICE} / {dtype} / head dim {dim}: {picked}")
     kernel_checks.check_against_float64("auto", graph, [300, 120], dtype, dim, DEVICE)
