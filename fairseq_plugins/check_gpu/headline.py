@@ -23,6 +23,7 @@ from typing import Dict, List, Optional
 
 import torch
 
+from fairseq_plugins.command_line import command_parser
 from fairseq_plugins.check_gpu.op_benchmark import environment, format_ms, measure
 from fairseq_plugins.graph_attention.registry import AUTO_CANDIDATES, DEFAULT
 from fairseq_plugins.graphs.binary_partition import bpt_graph
@@ -104,17 +105,18 @@ def markdown(result: Dict) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--backend", required=True, choices=BACKENDS)
+    p = command_parser(description=__doc__.splitlines()[0])
+    p.add_argument("--backend", required=True, choices=BACKENDS, help="the one backend this process measures")
     p.add_argument("--out", type=Path, required=True, help="the JSON the row is added to")
-    p.add_argument("--device", default="cuda")
+    p.add_argument("--device", default="cuda", help="the device to measure on (cpu: a dry run)")
     p.add_argument("--n", type=int, default=8192, help="tokens of the sentence")
-    p.add_argument("--k", type=int, default=4)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"])
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--k", type=int, default=4, help="BPT's k")
+    p.add_argument("--heads", type=int, default=8, help="attention heads")
+    p.add_argument("--head-dim", type=int, default=64, help="the dimension of a head")
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"],
+                   help="the dtype of q, k and v")
+    p.add_argument("--warmup", type=int, default=3, help="untimed rounds first")
+    p.add_argument("--iters", type=int, default=10, help="timed rounds")
     return p
 
 
