@@ -60,8 +60,6 @@ class SentenceHubInterface(nn.Module):
 
     def predict_label(self, sentence: str, *addl_sentences: str, head: str = None) -> Union[str, List[str]]:
         """The label of a sentence (or pair), or a tagger's tag for each word of the sentence."""
-        from fairseq_plugins.tasks.sequence_tagging import predict_tags
-
         head = head or self.task.cfg.classification_head_name
         tokens = self.encode(sentence, *addl_sentences)
         scores = self.predict(head, tokens, return_logits=True)
@@ -70,5 +68,5 @@ class SentenceHubInterface(nn.Module):
             return labels[int(scores.argmax(-1)[0]) + labels.nspecial]
         words = len(self._ids(sentence)) - 1  # the tagger's words, without the end-of-sentence token
         mask = torch.arange(scores.size(1), device=scores.device).lt(words).unsqueeze(0)
-        best = predict_tags(self.model.classification_heads[head], scores, mask)[0]
+        best = self.model.classification_heads[head].predict_tags(scores, mask)[0]
         return [labels[int(i) + labels.nspecial] for i in best[:words]]

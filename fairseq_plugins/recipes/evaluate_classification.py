@@ -71,7 +71,7 @@ def score_checkpoint(checkpoint: Path, data: Path, subset: str = "test", batch_s
     with ``shift`` n, n zero-embedding placeholders lead every sentence."""
     import torch
 
-    from fairseq_plugins.tasks.sequence_tagging import IGNORE, predict_tags
+    from fairseq_plugins.tasks.sequence_tagging import IGNORE
     from fairseq_plugins.tasks.tagging_scores import f1, span_counts
 
     model, task = _load(checkpoint, data)
@@ -99,7 +99,7 @@ def score_checkpoint(checkpoint: Path, data: Path, subset: str = "test", batch_s
                 total += target.numel()
                 continue
             words = target.ne(IGNORE)
-            predicted = predict_tags(model.classification_heads[head], logits[:, : target.size(1)], words)
+            predicted = model.classification_heads[head].predict_tags(logits[:, : target.size(1)], words)
             correct += int((predicted.eq(target) & words).sum())
             total += int(words.sum())
             if scheme != "none":

@@ -13,7 +13,7 @@ choose the checkpoint by ``--best-checkpoint-metric accuracy`` (POS) or ``f1`` (
 ``--maximize-best-checkpoint-metric``. A model built with ``--crf`` (a linear-chain CRF on its
 head, :mod:`fairseq_plugins.modules.common.linear_crf`) trains on the CRF's negative
 log-likelihood instead of the per-word cross-entropy, and its tags are the Viterbi path
-(:func:`predict_tags`, which the evaluation and the hub call too).
+(the head's ``predict_tags``, which the evaluation and the hub call too).
 """
 
 import contextlib
@@ -40,14 +40,6 @@ logger = logging.getLogger(__name__)
 
 IGNORE = -100  # target of positions that are not words (end of sentence, padding)
 TAG_SCHEMES = ("none",) + SCHEMES
-
-
-def predict_tags(head, logits, words):
-    """Each word's tag [B x T]: the Viterbi path of the head's CRF (``--crf``), else each word's
-    best tag; ``words`` [B x T] marks the words (first in every row)."""
-    if head.crf is None:
-        return logits.argmax(-1)
-    return head.crf.decode(logits.float(), words)[0]
 
 
 @dataclass
@@ -166,7 +158,7 @@ class SequenceTaggingCriterion(FairseqCriterion):
                                    ignore_index=IGNORE, reduction="sum")
         else:
             loss = head.crf(logits.float(), target, words).sum()
-        predicted = predict_tags(head, logits, words)
+        predicted = head.predict_tags(logits, words)
         sample_size = int(words.sum())
         log = {"loss": loss.data, "ntokens": sample["ntokens"], "nsentences": target.size(0),
                "sample_size": sample_size, "ncorrect": int((predicted.eq(target) & words).sum())}

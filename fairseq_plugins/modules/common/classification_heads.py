@@ -32,3 +32,10 @@ class ClassificationHead(nn.Module):
         if self.dense is not None:
             x = self.dropout(self.activation_fn(self.dense(x)))
         return self.out_proj(x)
+
+    def predict_tags(self, logits, words):
+        """A tagger's tag for each word [B x T] from this head's logits: the CRF's Viterbi path, or
+        without a CRF each word's best tag; ``words`` [B x T] marks the words (first in every row)."""
+        if self.crf is None:
+            return logits.argmax(-1)
+        return self.crf.decode(logits.float(), words)[0]
