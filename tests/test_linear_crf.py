@@ -90,6 +90,20 @@ def test_nll_gradients():
     assert torch.autograd.gradcheck(nll, (emissions, *params))
 
 
+def test_half_parameters_sum_in_float32():
+    """Under --fp16 the CRF's parameters are half and the criterion hands it float32 emissions."""
+    crf, emissions, mask, tags = _crf_and_batch(4)
+    reference = crf.float()(emissions.float(), tags, mask)
+    half = crf.half()
+    nll = half(emissions.float(), tags, mask)
+    for out in (half.log_partition(emissions.float(), mask), half.score(emissions.float(), tags, mask),
+                half.decode(emissions.float(), mask)[1]):
+        assert out.dtype == torch.float32
+    torch.testing.assert_close(nll, reference, atol=0.05, rtol=0.01)  # only the parameters were rounded
+    nll.sum().backward()
+    assert half.transitions.grad.dtype == torch.float16 and half.transitions.grad.abs().sum() > 0
+
+
 def test_bad_masks_and_shapes_are_refused():
     crf, emissions, mask, tags = _crf_and_batch()
     with pytest.raises(ValueError, match="words first"):

@@ -6,7 +6,8 @@ A tag sequence y_1..y_n of a sentence with emissions E (the head's logits) score
 path. Written here because no maintained PyTorch library provides one (pytorch-crf and
 torch-struct have had no release since 2019 and 2021; AllenNLP's is archived). Batched: a mask
 [B x T] marks each row's words, which must come first in the row (right padding); a row
-without words has log Z and score 0 and an empty path.
+without words has log Z and score 0 and an empty path. The sums run in the wider of the
+emissions' and the parameters' types (float32 emissions under ``--fp16``'s half parameters).
 """
 
 from typing import Tuple
@@ -31,13 +32,10 @@ class LinearChainCRF(nn.Module):
             raise ValueError("the CRF's mask must mark each row's words first, then padding (right-padded rows)")
         return mask
 
-    def _params(self, emissions):
-        return (p.to(emissions.dtype) for p in (self.transitions, self.start, self.end))
-
     def log_partition(self, emissions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """log Z of every row [B]: logsumexp of the scores of all tag sequences of its length."""
         mask = self._check(emissions, mask)
-        transitions, start, end = self._params(emissions)
+        transitions, start, end = self.transitions, self.start, self.end
         alpha = start + emissions[:, 0]  # [B x K]: log-sum of the paths ending in each tag
         for t in range(1, emissions.size(1)):
             step = torch.logsumexp(alpha.unsqueeze(2) + transitions, dim=1) + emissions[:, t]
@@ -47,7 +45,7 @@ class LinearChainCRF(nn.Module):
     def score(self, emissions: torch.Tensor, tags: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The score [B] of the tag sequence ``tags`` [B x T] (positions outside the mask ignored)."""
         mask = self._check(emissions, mask)
-        transitions, start, end = self._params(emissions)
+        transitions, start, end = self.transitions, self.start, self.end
         tags = tags.masked_fill(~mask, 0)
         weights = mask.to(emissions.dtype)
         emitted = emissions.gather(2, tags.unsqueeze(2)).squeeze(2)
@@ -63,7 +61,7 @@ class LinearChainCRF(nn.Module):
     def decode(self, emissions: torch.Tensor, mask: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Viterbi: the best tag sequence of every row [B x T] (-1 outside the mask) and its score [B]."""
         mask = self._check(emissions, mask)
-        transitions, start, end = self._params(emissions)
+        transitions, start, end = self.transitions, self.start, self.end
         best = start + emissions[:, 0]
         back = []  # back[t - 1][b, k]: the best tag before tag k at position t
         for t in range(1, emissions.size(1)):
