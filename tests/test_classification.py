@@ -458,3 +458,70 @@ def test_results_table_renders_accuracy_with_its_deviation_and_tagging_rows(tmp_
     row = next(line for line in render("ms-table4", tmp_path).splitlines()
                if line.startswith("| Multi-Scale Transformer |"))
     assert "| 97.24 | 96.50 | - | - |" in row  # PTB POS: accuracy ours beside the paper's; no F1 there
+
+
+def test_crf_is_a_taggers_output_only():
+    d = Dictionary()
+    for w in "abc":
+        d.add_symbol(w)
+    model = _tiny_model(MultiScaleClassifierModel, "ms_tagger", d, "--crf")
+    model.register_classification_head("tags", num_classes=3, token_level=True)
+    assert model.classification_heads["tags"].crf.transitions.shape == (3, 3)
+    with pytest.raises(ValueError, match="--crf is a tagger's output layer"):
+        model.register_classification_head("sentence", num_classes=3)
+
+
+@pytest.mark.slow
+def test_crf_tagger_trains_on_its_likelihood_and_predicts_by_viterbi(tmp_path):
+    import re
+
+    from fairseq import checkpoint_utils
+
+    from fairseq_plugins.tasks.sequence_tagging import IGNORE, SequenceTaggingCriterion
+
+    data = write_tagging(tmp_path / "tags", n_train=96, n_eval=24)
+    proc = run_cli("fairseq-train", data, "--user-dir", USER_DIR, "--arch", "ms_tagger", *TINY, "--crf",
+                   "--task", "sequence_tagging", "--criterion", "sequence_tagging", "--tag-scheme", "BIO",
+                   "--optimizer", "adam", "--lr", "0.005", "--batch-size", "16", "--max-update", "24",
+                   "--save-dir", tmp_path / "ckpt", "--no-epoch-checkpoints", "--log-format", "simple",
+                   "--log-interval", "1", "--cpu", "--num-workers", "0", "--seed", "1",
+                   "--best-checkpoint-metric", "f1", "--maximize-best-checkpoint-metric")  # fmt: skip
+    losses = [float(x) for x in re.findall(r"\| train_inner \|.*? loss=([\d.]+)", proc.stdout + proc.stderr)]
+    assert len(losses) == 24 and sum(losses[-6:]) < 0.5 * sum(losses[:6])  # it learns
+    checkpoint = tmp_path / "ckpt" / "checkpoint_best.pt"
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)],
+                                                                   arg_overrides={"data": str(data)})
+    model = models[0].eval()
+    head = model.classification_heads["tagging_head"]
+    assert head.crf.transitions.abs().sum() > 0  # trained
+    # the criterion's loss is the CRF's negative log-likelihood, not the per-word cross-entropy
+    task.load_dataset("valid")
+    sample = task.dataset("valid").collater([task.dataset("valid")[i] for i in range(8)])
+    with torch.no_grad():
+        loss, sample_size, _ = SequenceTaggingCriterion(task)(model, sample)
+        logits, _ = model(**sample["net_input"], classification_head_name="tagging_head")
+        target = sample["target"]
+        logits = logits[:, : target.size(1)]
+        crf_nll = head.crf(logits, target, target.ne(IGNORE)).sum()
+        cross_entropy = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, ignore_index=IGNORE,
+                                                          reduction="sum")
+    torch.testing.assert_close(loss, crf_nll)
+    assert sample_size == int(target.ne(IGNORE).sum()) and not torch.isclose(loss, cross_entropy)
+    # the evaluation's scorer and the hub decode by Viterbi: a CRF that only allows O moves every prediction
+    raw = tmp_path / "tags" / "raw"
+    gold = [line.split() for line in (raw / "test.label").read_text().splitlines()]
+    assert score_checkpoint(checkpoint, data)["f1"] > 0
+    state = torch.load(checkpoint, weights_only=False)
+    other = [i for i in range(task.num_tags) if task.tag_strings([i]) != ["O"]]
+    for name in ("transitions", "start"):
+        key = f"classification_heads.tagging_head.crf.{name}"
+        state["model"][key] = state["model"][key].index_fill(-1, torch.tensor(other), -1e4)
+    torch.save(state, tmp_path / "ckpt" / "only_o.pt")
+    scored = score_checkpoint(tmp_path / "ckpt" / "only_o.pt", data)
+    words = sum(map(len, gold))
+    assert scored["f1"] == 0 and scored["accuracy"] == pytest.approx(100 * sum(t == "O" for s in gold for t in s)
+                                                                     / words)
+    hub = MultiScaleClassifierModel.from_pretrained(str(tmp_path / "ckpt"), "only_o.pt", str(data),
+                                                    user_dir=str(USER_DIR))
+    sentence = "a young man is sitting on a bench ."
+    assert hub.eval().predict_label(sentence) == ["O"] * len(sentence.split())

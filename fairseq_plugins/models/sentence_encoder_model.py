@@ -18,6 +18,10 @@ Sentence pairs are read jointly by default (the task's single row ``<s> a </s> S
 RoBERTa reads MNLI); ``--pair-encoding separate`` encodes each sentence alone with the same
 encoder and classifies ``[r1; r2; |r1 - r2|; r1 * r2]``, the Multi-Scale paper's SNLI setup
 (:mod:`fairseq_plugins.modules.common.sentence_pairs`).
+
+``--crf`` gives a tagger's head a linear-chain CRF
+(:mod:`fairseq_plugins.modules.common.linear_crf`): the sequence_tagging criterion then trains on
+its negative log-likelihood and every prediction is its Viterbi path.
 """
 
 from dataclasses import dataclass, field
@@ -63,6 +67,9 @@ class ClassifierOptions:
                 "concatenated to the word embedding, which takes the rest of --encoder-embed-dim (0: none)"})
     char_ngram_path: str = field(default="", metadata={
         "help": "JMT's pre-trained charNgram.txt to start the n-gram embeddings from (needs --char-ngram-dim)"})
+    crf: bool = field(default=False, metadata={
+        "help": "a tagger's output: a linear-chain CRF over the head's per-word scores, trained on its "
+                "log-likelihood and decoded by Viterbi (the Multi-Scale paper's + CRF rows)"})
     freeze_embeddings: bool = field(default=False, metadata={
         "help": "keep the input embeddings fixed (with --encoder-embed-path: fixed GloVe, as BPT and SegTree)"})
 
@@ -146,7 +153,7 @@ class SentenceEncoderModel(DictionaryFingerprint, BaseFairseqModel):
         self.classification_heads[name] = ClassificationHead(
             input_dim, inner_dim or self.cfg.classifier_inner_dim or embed_dim, num_classes,
             self.cfg.classifier_layers, self.cfg.pooler_activation_fn, self.cfg.pooler_dropout,
-            token_level=token_level,
+            token_level=token_level, crf=self.cfg.crf,
         )
 
     def forward(self, src_tokens, src_lengths=None, features_only=True, classification_head_name=None, **kwargs):

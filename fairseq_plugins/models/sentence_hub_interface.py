@@ -3,7 +3,7 @@
 Like fairseq's ``RobertaHubInterface``: ``encode`` turns raw sentences into the token ids the
 task built in training (tokenizer and BPE if the checkpoint was loaded with them, the
 dictionary, the task's ``--init-token`` and ``--separator-token``); ``predict`` returns a
-head's log-probabilities; ``predict_label`` returns label strings.
+head's log-probabilities; ``predict_label`` returns label strings (a ``--crf`` tagger's Viterbi path).
 """
 
 from typing import List, Union
@@ -62,9 +62,11 @@ class SentenceHubInterface(nn.Module):
         """The label of a sentence (or pair), or a tagger's tag for each word of the sentence."""
         head = head or self.task.cfg.classification_head_name
         tokens = self.encode(sentence, *addl_sentences)
-        best = self.predict(head, tokens).argmax(-1)[0]
+        scores = self.predict(head, tokens, return_logits=True)
         labels = self.task.label_dictionary
-        if best.dim() == 0:
-            return labels[int(best) + labels.nspecial]
+        if scores.dim() == 2:
+            return labels[int(scores.argmax(-1)[0]) + labels.nspecial]
         words = len(self._ids(sentence)) - 1  # the tagger's words, without the end-of-sentence token
+        mask = torch.arange(scores.size(1), device=scores.device).lt(words).unsqueeze(0)
+        best = self.model.classification_heads[head].predict_tags(scores, mask)[0]
         return [labels[int(i) + labels.nspecial] for i in best[:words]]

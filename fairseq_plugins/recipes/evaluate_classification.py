@@ -6,8 +6,9 @@
 ``sequence_tagging`` here. The checkpoint is loaded with its task over the prepared data-bin,
 the test split runs through the task's own batching, and the score is computed from the
 predictions: sentence accuracy; for tagging, token accuracy and span F1 (the task's
-``--tag-scheme``). A config with ``seeds`` (the papers' protocol, e.g. BPT: 10 runs) is
-scored on each seed's run, and the result holds every run, the mean and the standard deviation.
+``--tag-scheme``) of the task's predicted tags (a ``--crf`` tagger's Viterbi paths). A config
+with ``seeds`` (the papers' protocol, e.g. BPT: 10 runs) is scored on each seed's run, and the
+result holds every run, the mean and the standard deviation.
 
 A config's ``evaluate: {shift: n}`` scores under a sequence shift (BPT section 4.1.1, Table 2):
 n placeholder symbols in front of each sentence, their embeddings all zeros, on a model trained
@@ -97,8 +98,8 @@ def score_checkpoint(checkpoint: Path, data: Path, subset: str = "test", batch_s
                 correct += int(logits.argmax(-1).eq(target).sum())
                 total += target.numel()
                 continue
-            predicted = logits[:, : target.size(1)].argmax(-1)
             words = target.ne(IGNORE)
+            predicted = model.classification_heads[head].predict_tags(logits[:, : target.size(1)], words)
             correct += int((predicted.eq(target) & words).sum())
             total += int(words.sum())
             if scheme != "none":

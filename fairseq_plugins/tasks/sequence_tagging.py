@@ -10,7 +10,10 @@ is not scored.
 ``--criterion sequence_tagging`` logs token accuracy and, with ``--tag-scheme BIO`` or
 ``BIOES``, CoNLL span precision, recall and F1 (:mod:`fairseq_plugins.tasks.tagging_scores`);
 choose the checkpoint by ``--best-checkpoint-metric accuracy`` (POS) or ``f1`` (NER) with
-``--maximize-best-checkpoint-metric``. No CRF layer: no maintained library provides one.
+``--maximize-best-checkpoint-metric``. A model built with ``--crf`` (a linear-chain CRF on its
+head, :mod:`fairseq_plugins.modules.common.linear_crf`) trains on the CRF's negative
+log-likelihood instead of the per-word cross-entropy, and its tags are the Viterbi path
+(the head's ``predict_tags``, which the evaluation and the hub call too).
 """
 
 import contextlib
@@ -136,7 +139,8 @@ class SequenceTaggingTask(FairseqTask):
 
 @register_criterion("sequence_tagging")
 class SequenceTaggingCriterion(FairseqCriterion):
-    """Cross-entropy per word; logs accuracy and (with a tag scheme) span precision/recall/F1."""
+    """Cross-entropy per word, or a ``--crf`` model's sentence negative log-likelihood; logs accuracy
+    and (with a tag scheme) span precision/recall/F1. The loss is summed and divided by the words."""
 
     def __init__(self, task):
         super().__init__(task)
@@ -147,10 +151,14 @@ class SequenceTaggingCriterion(FairseqCriterion):
         logits, _ = model(**sample["net_input"], classification_head_name=self.head)
         target = sample["target"]
         logits = logits[:, : target.size(1)]
-        loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), target.reshape(-1),
-                               ignore_index=IGNORE, reduction="sum")
         words = target.ne(IGNORE)
-        predicted = logits.argmax(-1)
+        head = model.classification_heads[self.head]
+        if head.crf is None:
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), target.reshape(-1),
+                                   ignore_index=IGNORE, reduction="sum")
+        else:
+            loss = head.crf(logits.float(), target, words).sum()
+        predicted = head.predict_tags(logits, words)
         sample_size = int(words.sum())
         log = {"loss": loss.data, "ntokens": sample["ntokens"], "nsentences": target.size(0),
                "sample_size": sample_size, "ncorrect": int((predicted.eq(target) & words).sum())}
