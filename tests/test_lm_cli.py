@@ -30,10 +30,10 @@ def test_train_eval_lm_sample(enwik8_bin, tiny_lm, tmp_path, arch):
     assert 0 < blocks["loss_base2"] < 8 and 0 < sliding["loss_base2"] < 8  # 8 bits: uniform over bytes
 
     if arch == "bpt_lm":  # what fairseq-plugins-evaluate does with a config's evaluate: section
-        cfg = {"name": "lm/tiny_bpt_lm", "table": "t", "row": "r", "column": "c", "data": "enwik8",
-               "task": {"task": "language_modeling"},
+        cfg = {"name": "lm/tiny_bpt_lm", "table": "t", "id": "tiny", "row": "r", "column": "c", "data": "enwik8",
+               "arch": "bpt_lm", "task": {"task": "language_modeling"},
                "evaluate": {"tokens-per-sample": 64, "context-window": 48, "max-tokens": 512}}
-        result = evaluate(cfg, enwik8_bin, checkpoint, "test", tmp_path / "results")
+        result = evaluate(cfg, enwik8_bin, [checkpoint], "test", tmp_path / "results")
         saved = json.loads((tmp_path / "results" / "lm" / "tiny_bpt_lm.json").read_text())
         assert saved["bpc"] == result["bpc"] == pytest.approx(sliding["loss_base2"])
         assert "48 tokens of context" in saved["bpc_signature"] and saved["tokens"] == HELDOUT + 1

@@ -186,6 +186,20 @@ def test_a_sweep_is_one_row_per_value_and_a_row_overrides_the_defaults(tmp_path)
         config_mod.load_config(str(tmp_path / "t.yaml"))
 
 
+def test_a_sweep_of_cases_varies_values_together_each_with_its_number(tmp_path):
+    rows = [{"id": "l{task.tokens-per-sample}", "row": "l = {task.tokens-per-sample}", "reported": {"bpc": 9.0},
+             "sweep": [{"task.tokens-per-sample": 512, "model.clip": 2, "reported": {"bpc": 1.07}},
+                       {"task.tokens-per-sample": 1024, "model.clip": 3}],
+             "sources": {"task.tokens-per-sample": "paper: Table 4", "model.clip": "ours: x"}}]
+    table = config_mod.load_table(str(_table(tmp_path, rows, metric="bpc")))
+    l512, l1024 = table["configs"]
+    assert (l512["id"], l512["model"], l512["reported"]) == ("l512", {"clip": 2}, {"bpc": 1.07})
+    assert (l1024["row"], l1024["model"], l1024["reported"]) == ("l = 1024", {"clip": 3}, {"bpc": 9.0})
+    for bad in ([1, 2], {"model.clip": 3}):
+        with pytest.raises(ConfigError, match="sweep"):
+            config_mod.load_table(str(_table(tmp_path, [dict(rows[0], sweep=bad)], metric="bpc")))
+
+
 def test_base_files_merge_first_and_their_sources_count(tmp_path, monkeypatch):
     monkeypatch.setattr(config_mod, "CONFIG_DIR", tmp_path)
     (tmp_path / "b").mkdir()

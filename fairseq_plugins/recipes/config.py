@@ -145,12 +145,28 @@ def _fill(template: Optional[str], flat: Dict[str, Any], where: str) -> Optional
     return _TEMPLATE.sub(value, template)
 
 
-def _sweep(row: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """Every combination of the row's sweep values, as {dotted key: value}."""
-    combos: List[Dict[str, Any]] = [{}]
-    for key, values in (row.get("sweep") or {}).items():
-        combos = [dict(c, **{key: v}) for c in combos for v in values]
-    return combos
+def _sweep(row: Dict[str, Any], where: str) -> List[Tuple[Dict[str, Any], Dict[str, float]]]:
+    """The rows a sweep stands for, as ({dotted key: value}, the paper's numbers): every combination of
+    ``{key: [values]}``, or each case of ``[{key: value, ..., reported: {...}}]`` (values that vary
+    together, each case with its own number)."""
+    sweep = row.get("sweep")
+    if not sweep:
+        return [({}, row["reported"])]
+    if isinstance(sweep, dict):
+        combos: List[Dict[str, Any]] = [{}]
+        for key, values in sweep.items():
+            if not isinstance(values, list):
+                raise ConfigError(f"{where}: sweep {key!r} must list its values")
+            combos = [dict(c, **{key: v}) for c in combos for v in values]
+        return [(combo, row["reported"]) for combo in combos]
+    if not isinstance(sweep, list) or not all(isinstance(case, dict) for case in sweep):
+        raise ConfigError(f"{where}: a sweep is {{key: [values]}} or a list of cases {{key: value, reported: ...}}")
+    cases = []
+    for case in sweep:
+        case = dict(case)
+        reported = {**row["reported"], **(case.pop("reported", None) or {})}
+        cases.append((case, reported))
+    return cases
 
 
 def _check_row(cfg: Dict[str, Any], where: str) -> None:
@@ -201,7 +217,7 @@ def _resolve_table(path: Path) -> Dict[str, Any]:
             continue
         if not raw.get("id"):
             raise ConfigError(f"{where}: row {raw['row']!r} needs an id (or a why: it is not rerun)")
-        for combo in _sweep(raw):
+        for combo, reported in _sweep(raw, f"{where}: row {label!r}"):
             cfg = copy.deepcopy(common)
             _merge(cfg, raw)
             row_where = f"{where}: row {label!r}"
@@ -216,7 +232,7 @@ def _resolve_table(path: Path) -> Dict[str, Any]:
             cfg.update(paper=spec["paper"], table=spec["table"], id=row_id, name=f"{spec['table']}/{row_id}",
                        row=_fill(raw["row"], flat, row_where),
                        column=_fill(raw.get("column"), flat, row_where) or spec["columns"][0],
-                       reported=raw["reported"], note=raw.get("note") or spec.get("note"),
+                       reported=reported, note=raw.get("note") or spec.get("note"),
                        sources={**sources, **raw["sources"]})
             row_where = f"{where}: row {row_id!r}"
             if cfg["column"] not in spec["columns"]:

@@ -23,6 +23,11 @@ A table file::
 
 A row with ``sweep: {model.graph-k: [1, 2, 4]}`` stands for one row per value (several keys: every
 combination); ``{model.graph-k}`` in its ``id``, ``row`` and ``column`` is replaced by the value.
+Values that vary together are a list of cases, each with its own paper number::
+
+    sweep:
+      - {task.tokens-per-sample: 512, model.graph-rel-clip: 2, reported: {bpc: 1.07}}
+      - {task.tokens-per-sample: 1024, model.graph-rel-clip: 3, reported: {bpc: 1.05}}
 """
 
 from dataclasses import dataclass, field
@@ -59,7 +64,7 @@ class Row(Settings):
     column: Optional[str] = None  # default: the table's only column
     reported: Dict[str, float] = field(default_factory=dict)  # the paper's numbers, by metric or column
     why: Optional[str] = None  # set: a row reported by the paper and not rerun, and why
-    sweep: Dict[str, List[Any]] = field(default_factory=dict)  # dotted key -> values: one row per value
+    sweep: Any = None  # {dotted key: [values]} (every combination) or [{dotted key: value, reported: {...}}]
     sources: Dict[str, str] = field(default_factory=dict)
     note: Optional[str] = None
 
