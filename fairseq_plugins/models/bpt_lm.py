@@ -11,9 +11,10 @@ the spans it completes per step, O(k log t) cached nodes each.
 
 from fairseq.utils import safe_getattr
 from fairseq.models import register_model, register_model_architecture
-from fairseq.models.transformer_lm import TransformerLanguageModel, TransformerLanguageModelConfig, base_lm_architecture
+from fairseq.models.transformer_lm import TransformerLanguageModel, base_lm_architecture
 
 from fairseq_plugins.models.bpt_transformer import GraphTransformerConfig, graph_defaults, validate_graph_options
+from fairseq_plugins.models.lm_training import LMTrainingConfig, LMTrainingDecoder, lm_training
 from fairseq_plugins.models.model_options import add_config_args, config_with_options, lm_max_positions
 from fairseq_plugins.models.plugin_model import PluginModel
 from fairseq_plugins.modules.bpt.graph_transformer import GraphTransformerDecoder
@@ -22,7 +23,12 @@ from fairseq_plugins.modules.bpt.graph_transformer import GraphTransformerDecode
 LM_GRAPH_OPTIONS = ("graph_k", "graph_rel_clip", "graph_token_positions", "graph_attention_backend",
                     "graph_recompute_norms_ffn")
 GraphLanguageModelConfig = config_with_options(
-    "GraphLanguageModelConfig", TransformerLanguageModelConfig, GraphTransformerConfig, LM_GRAPH_OPTIONS, __name__)
+    "GraphLanguageModelConfig", LMTrainingConfig, GraphTransformerConfig, LM_GRAPH_OPTIONS, __name__)
+
+
+class GraphLanguageModelDecoder(LMTrainingDecoder, GraphTransformerDecoder):
+    """The causal graph decoder with the language models' dropouts and norm placement
+    (``lm_training``); the translation models keep ``GraphTransformerDecoder``."""
 
 
 @register_model("bpt_lm")
@@ -41,11 +47,12 @@ class BPTLanguageModel(PluginModel, TransformerLanguageModel):
             if getattr(args, option, False):
                 raise ValueError(f"--{option.replace('_', '-')} is not supported by {cls.graph_kind}_lm")
         lm_max_positions(args, f"{cls.graph_kind}_lm")
+        training = lm_training(args, f"{cls.graph_kind}_lm")
         cfg = GraphTransformerConfig.from_namespace(args)
         cfg.graph_kind = cls.graph_kind
         validate_graph_options(cfg)
         embed_tokens = cls.build_embedding(args, task.source_dictionary, args.decoder_input_dim)
-        return cls(GraphTransformerDecoder(cfg, task.target_dictionary, embed_tokens, no_encoder_attn=True))
+        return cls(GraphLanguageModelDecoder(training, cfg, task.target_dictionary, embed_tokens, no_encoder_attn=True))
 
 
 @register_model("segtree_lm")
