@@ -106,15 +106,17 @@ def segtree_lm(args):
 
 def segtree_paper_sizes(args):
     """SegTree paper section 3.1 (PTB and WikiText-2 alike): embedding and hidden size 320, FFN
-    1024, tied input/output embeddings, 6 layers (the tables run 3-6). Heads are not given: 8
-    (head dim 40) is ours. The paper's dropout is 0.5 on embeddings/output and 0.1 inside;
-    fairseq has one rate for both: 0.3 is ours. (Also the sizes of Table 1's transformer.)"""
+    1024, tied input/output embeddings, 6 layers (the tables run 3-6), dropout 0.5 on the
+    embeddings and before the output projection and 0.1 inside. Heads are not given: 8 (head
+    dim 40) is ours. (Also the sizes of Table 1's transformer.)"""
     args.decoder_layers = safe_getattr(args, "decoder_layers", 6)
     args.decoder_embed_dim = safe_getattr(args, "decoder_embed_dim", 320)
     args.decoder_ffn_embed_dim = safe_getattr(args, "decoder_ffn_embed_dim", 1024)
     args.decoder_attention_heads = safe_getattr(args, "decoder_attention_heads", 8)
     args.share_decoder_input_output_embed = safe_getattr(args, "share_decoder_input_output_embed", True)
-    args.dropout = safe_getattr(args, "dropout", 0.3)
+    args.dropout = safe_getattr(args, "dropout", 0.1)
+    args.embed_dropout = safe_getattr(args, "embed_dropout", 0.5)
+    args.output_dropout = safe_getattr(args, "output_dropout", 0.5)
     args.attention_dropout = safe_getattr(args, "attention_dropout", 0.1)
 
 
