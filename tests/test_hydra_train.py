@@ -34,9 +34,11 @@ BUILT_AS_CONFIGURED = {
     and len(m.decoder.layers) == 2,
     "segtree_lm": lambda m: m.decoder._spec.kind == "segtree" and m.decoder._spec.clip == 2,
     "window_lm": lambda m: m.decoder.window == 8 and len(m.decoder.layers) == 2,
+    "transformer_lm_matched": lambda m: m.decoder.dropout_module.p == 0.2 and m.decoder.output_dropout.p == 0.1
+    and m.decoder.dropout_module.norm is not None and not m.decoder.layers[0].normalize_before,
 }
 CLASSIFIERS = {"transformer_classifier", "bpt_classifier", "segtree_classifier", "ms_classifier"}
-LANGUAGE_MODELS = {"bpt_lm", "segtree_lm", "window_lm"}
+LANGUAGE_MODELS = {"bpt_lm", "segtree_lm", "window_lm", "transformer_lm_matched"}
 
 
 def test_one_config_per_model():

@@ -11,9 +11,10 @@ the spans it completes per step, O(k log t) cached nodes each.
 
 from fairseq.utils import safe_getattr
 from fairseq.models import register_model, register_model_architecture
-from fairseq.models.transformer_lm import TransformerLanguageModel, TransformerLanguageModelConfig, base_lm_architecture
+from fairseq.models.transformer_lm import TransformerLanguageModel, base_lm_architecture
 
 from fairseq_plugins.models.bpt_transformer import GraphTransformerConfig, graph_defaults, validate_graph_options
+from fairseq_plugins.models.lm_training import LMTrainingConfig, LMTrainingDecoder, lm_training
 from fairseq_plugins.models.model_options import add_config_args, config_with_options, lm_max_positions
 from fairseq_plugins.models.plugin_model import PluginModel
 from fairseq_plugins.modules.bpt.graph_transformer import GraphTransformerDecoder
@@ -22,7 +23,12 @@ from fairseq_plugins.modules.bpt.graph_transformer import GraphTransformerDecode
 LM_GRAPH_OPTIONS = ("graph_k", "graph_rel_clip", "graph_token_positions", "graph_attention_backend",
                     "graph_recompute_norms_ffn")
 GraphLanguageModelConfig = config_with_options(
-    "GraphLanguageModelConfig", TransformerLanguageModelConfig, GraphTransformerConfig, LM_GRAPH_OPTIONS, __name__)
+    "GraphLanguageModelConfig", LMTrainingConfig, GraphTransformerConfig, LM_GRAPH_OPTIONS, __name__)
+
+
+class GraphLanguageModelDecoder(LMTrainingDecoder, GraphTransformerDecoder):
+    """The causal graph decoder with the language models' dropouts and norm placement
+    (``lm_training``); the translation models keep ``GraphTransformerDecoder``."""
 
 
 @register_model("bpt_lm")
@@ -41,11 +47,12 @@ class BPTLanguageModel(PluginModel, TransformerLanguageModel):
             if getattr(args, option, False):
                 raise ValueError(f"--{option.replace('_', '-')} is not supported by {cls.graph_kind}_lm")
         lm_max_positions(args, f"{cls.graph_kind}_lm")
+        training = lm_training(args, f"{cls.graph_kind}_lm")
         cfg = GraphTransformerConfig.from_namespace(args)
         cfg.graph_kind = cls.graph_kind
         validate_graph_options(cfg)
         embed_tokens = cls.build_embedding(args, task.source_dictionary, args.decoder_input_dim)
-        return cls(GraphTransformerDecoder(cfg, task.target_dictionary, embed_tokens, no_encoder_attn=True))
+        return cls(GraphLanguageModelDecoder(training, cfg, task.target_dictionary, embed_tokens, no_encoder_attn=True))
 
 
 @register_model("segtree_lm")
@@ -99,15 +106,17 @@ def segtree_lm(args):
 
 def segtree_paper_sizes(args):
     """SegTree paper section 3.1 (PTB and WikiText-2 alike): embedding and hidden size 320, FFN
-    1024, tied input/output embeddings, 6 layers (the tables run 3-6). Heads are not given: 8
-    (head dim 40) is ours. The paper's dropout is 0.5 on embeddings/output and 0.1 inside;
-    fairseq has one rate for both: 0.3 is ours. (Also the sizes of Table 1's transformer.)"""
+    1024, tied input/output embeddings, 6 layers (the tables run 3-6), dropout 0.5 on the
+    embeddings and before the output projection and 0.1 inside. Heads are not given: 8 (head
+    dim 40) is ours. (Also the sizes of Table 1's transformer.)"""
     args.decoder_layers = safe_getattr(args, "decoder_layers", 6)
     args.decoder_embed_dim = safe_getattr(args, "decoder_embed_dim", 320)
     args.decoder_ffn_embed_dim = safe_getattr(args, "decoder_ffn_embed_dim", 1024)
     args.decoder_attention_heads = safe_getattr(args, "decoder_attention_heads", 8)
     args.share_decoder_input_output_embed = safe_getattr(args, "share_decoder_input_output_embed", True)
-    args.dropout = safe_getattr(args, "dropout", 0.3)
+    args.dropout = safe_getattr(args, "dropout", 0.1)
+    args.embed_dropout = safe_getattr(args, "embed_dropout", 0.5)
+    args.output_dropout = safe_getattr(args, "output_dropout", 0.5)
     args.attention_dropout = safe_getattr(args, "attention_dropout", 0.1)
 
 

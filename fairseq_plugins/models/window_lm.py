@@ -2,7 +2,8 @@
 "Restricted Transformer", Vaswani et al. 2017): token t attends to tokens t - w + 1 .. t only,
 an attention degree of w, the baseline that BPT's k is compared with at the same degree.
 
-Everything but the mask is ``transformer_lm``'s (absolute sinusoidal positions, pre-norm).
+Everything but the mask is ``transformer_lm_matched``'s (absolute sinusoidal positions, pre-norm, the LM
+training options).
 Training and scoring mask the scores outside the band; incremental decoding keeps only the
 last w - 1 keys/values of each layer, so a sampled token costs O(w) and equals the full
 computation.
@@ -14,24 +15,25 @@ from typing import Dict, Optional
 import torch
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerDecoder
-from fairseq.models.transformer_lm import TransformerLanguageModel, TransformerLanguageModelConfig, base_lm_architecture
+from fairseq.models.transformer_lm import base_lm_architecture
 from fairseq.utils import safe_getattr
 from torch import Tensor
 
 from fairseq_plugins.models.bpt_lm import bpt_paper_sizes
-from fairseq_plugins.models.model_options import add_config_args, check_at_least, lm_max_positions
-from fairseq_plugins.models.plugin_model import PluginModel
+from fairseq_plugins.models.lm_training import LMTrainingConfig, LMTrainingDecoder
+from fairseq_plugins.models.model_options import check_at_least
+from fairseq_plugins.models.transformer_lm_matched import MatchedTransformerLanguageModel
 
 
 @dataclass
-class WindowLanguageModelConfig(TransformerLanguageModelConfig):
+class WindowLanguageModelConfig(LMTrainingConfig):
     attention_window: int = field(default=64, metadata={"help": "tokens each token attends to, itself included"})
 
 
-class WindowTransformerDecoder(TransformerDecoder):
-    def __init__(self, args, dictionary, embed_tokens, window: int):
+class WindowTransformerDecoder(LMTrainingDecoder, TransformerDecoder):
+    def __init__(self, training, args, dictionary, embed_tokens, window: int):
         self.window = window
-        super().__init__(args, dictionary, embed_tokens, no_encoder_attn=True)
+        super().__init__(training, args, dictionary, embed_tokens, no_encoder_attn=True)
 
     def buffered_future_mask(self, tensor):
         """fairseq's causal mask, plus -inf for keys more than w - 1 tokens back."""
@@ -64,18 +66,18 @@ class WindowTransformerDecoder(TransformerDecoder):
 
 
 @register_model("window_lm")
-class WindowLanguageModel(PluginModel, TransformerLanguageModel):
-    @classmethod
-    def add_args(cls, parser):
-        add_config_args(parser, WindowLanguageModelConfig)
+class WindowLanguageModel(MatchedTransformerLanguageModel):
+    lm_name = "window_lm"
+    config = WindowLanguageModelConfig
+
     @classmethod
     def build_model(cls, args, task):
         check_at_least(args, "attention_window", 1)
-        if getattr(args, "character_embeddings", False) or getattr(args, "adaptive_input", False):
-            raise ValueError("window_lm takes plain token embeddings (no --character-embeddings/--adaptive-input)")
-        lm_max_positions(args, "window_lm")
-        embed_tokens = cls.build_embedding(args, task.source_dictionary, args.decoder_input_dim)
-        return cls(WindowTransformerDecoder(args, task.target_dictionary, embed_tokens, args.attention_window))
+        return super().build_model(args, task)
+
+    @classmethod
+    def build_lm_decoder(cls, training, args, dictionary, embed_tokens):
+        return WindowTransformerDecoder(training, args, dictionary, embed_tokens, args.attention_window)
 
 
 @register_model_architecture("window_lm", "window_lm")
