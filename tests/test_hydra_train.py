@@ -34,9 +34,11 @@ BUILT_AS_CONFIGURED = {
     and len(m.decoder.layers) == 2,
     "segtree_lm": lambda m: m.decoder._spec.kind == "segtree" and m.decoder._spec.clip == 2,
     "window_lm": lambda m: m.decoder.window == 8 and len(m.decoder.layers) == 2,
+    "sparse_lm": lambda m: (m.decoder._spec.stride, m.decoder._spec.summary) == (8, 2)
+    and m.decoder.embed_positions is not None,
 }
 CLASSIFIERS = {"transformer_classifier", "bpt_classifier", "segtree_classifier", "ms_classifier"}
-LANGUAGE_MODELS = {"bpt_lm", "segtree_lm", "window_lm"}
+LANGUAGE_MODELS = {"bpt_lm", "segtree_lm", "window_lm", "sparse_lm"}
 
 
 def test_one_config_per_model():

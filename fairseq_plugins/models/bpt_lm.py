@@ -30,6 +30,7 @@ class BPTLanguageModel(PluginModel, TransformerLanguageModel):
     """``transformer_lm`` whose decoder attends over the causal binary-partition graph."""
 
     graph_kind = "bpt"
+    graph_config = GraphTransformerConfig  # the options the decoder is built with
 
     @classmethod
     def add_args(cls, parser):
@@ -41,7 +42,7 @@ class BPTLanguageModel(PluginModel, TransformerLanguageModel):
             if getattr(args, option, False):
                 raise ValueError(f"--{option.replace('_', '-')} is not supported by {cls.graph_kind}_lm")
         lm_max_positions(args, f"{cls.graph_kind}_lm")
-        cfg = GraphTransformerConfig.from_namespace(args)
+        cfg = cls.graph_config.from_namespace(args)
         cfg.graph_kind = cls.graph_kind
         validate_graph_options(cfg)
         embed_tokens = cls.build_embedding(args, task.source_dictionary, args.decoder_input_dim)

@@ -21,18 +21,22 @@ from fairseq_plugins.models.bpt_lm import BPTLanguageModel, bpt_paper_sizes
 from fairseq_plugins.models.bpt_transformer import GraphTransformerConfig
 from fairseq_plugins.models.model_options import add_config_args, config_with_options
 
-# the graph options that mean something without a tree
-SPARSE_LM_GRAPH_OPTIONS = ("graph_token_positions", "graph_attention_backend", "graph_recompute_norms_ffn")
-
 
 @dataclass
-class SparseLanguageModelConfig(config_with_options(
-        "SparseGraphOptions", TransformerLanguageModelConfig, GraphTransformerConfig, SPARSE_LM_GRAPH_OPTIONS,
-        __name__)):
+class StridedGraphConfig(GraphTransformerConfig):
+    """The graph decoder's options plus the strided pattern's."""
+
     sparse_stride: int = field(default=DEFAULT_STRIDE, metadata={
         "help": "block length: a token attends to its block up to itself"})
     sparse_summary: int = field(default=DEFAULT_SUMMARY, metadata={
         "help": "summary tokens: the last c of every earlier block, which every later token attends to"})
+
+
+# the options that mean something without a tree
+SPARSE_LM_OPTIONS = ("sparse_stride", "sparse_summary", "graph_token_positions", "graph_attention_backend",
+                     "graph_recompute_norms_ffn")
+SparseLanguageModelConfig = config_with_options(
+    "SparseLanguageModelConfig", TransformerLanguageModelConfig, StridedGraphConfig, SPARSE_LM_OPTIONS, __name__)
 
 
 @register_model("sparse_lm")
@@ -40,6 +44,7 @@ class SparseLanguageModel(BPTLanguageModel):
     """``transformer_lm`` whose decoder attends over the Sparse Transformer's fixed pattern."""
 
     graph_kind = "sparse"
+    graph_config = StridedGraphConfig
 
     @classmethod
     def add_args(cls, parser):
