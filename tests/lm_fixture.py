@@ -16,6 +16,7 @@ ARCHS = {
     "bpt_lm": ["--graph-k", "2", "--graph-attention-backend", "torch"],
     "segtree_lm": ["--graph-attention-backend", "torch"],
     "window_lm": ["--attention-window", "8"],
+    "sparse_lm": ["--sparse-stride", "8", "--sparse-summary", "2", "--graph-attention-backend", "torch"],
 }
 
 

@@ -36,9 +36,11 @@ BUILT_AS_CONFIGURED = {
     "window_lm": lambda m: m.decoder.window == 8 and len(m.decoder.layers) == 2,
     "transformer_lm_matched": lambda m: m.decoder.dropout_module.p == 0.2 and m.decoder.output_dropout.p == 0.1
     and m.decoder.dropout_module.norm is not None and not m.decoder.layers[0].normalize_before,
+    "sparse_lm": lambda m: (m.decoder._spec.stride, m.decoder._spec.summary) == (8, 2)
+    and m.decoder.embed_positions is not None,
 }
 CLASSIFIERS = {"transformer_classifier", "bpt_classifier", "segtree_classifier", "ms_classifier"}
-LANGUAGE_MODELS = {"bpt_lm", "segtree_lm", "window_lm", "transformer_lm_matched"}
+LANGUAGE_MODELS = {"bpt_lm", "segtree_lm", "window_lm", "transformer_lm_matched", "sparse_lm"}
 
 
 def test_one_config_per_model():

@@ -52,7 +52,7 @@ def check_pair(tmp_path, vocab, model, baseline, limit=0.01):
     return total, base
 
 
-@pytest.mark.parametrize("arch", [["bpt_lm", "--graph-k", "4"], ["segtree_lm"], ["window_lm"]])
+@pytest.mark.parametrize("arch", [["bpt_lm", "--graph-k", "4"], ["segtree_lm"], ["window_lm"], ["sparse_lm"]])
 def test_matched_baseline_at_a_small_size(tmp_path, arch):
     check_pair(tmp_path, ENWIK8, [*arch, *TINY], ["transformer_lm_matched", *TINY])
 
@@ -86,13 +86,17 @@ def test_segtree_table1_pairs(tmp_path, layers):
 
 def _table_pairs():
     """Every (graph model, baseline) pair of rows in the LM tables that compare with a transformer:
-    BPT Figure 5's BPT and Window columns of a row, SegTree Table 1's SegTree and Vanilla-Transformer
+    BPT Figure 5's BPT k and the window of its degree; the paper's restricted transformers against
+    BPT k 1; the Sparse Transformer (one relative key per layer: it shifts every score of a query
+    equally) against the restricted transformer; SegTree Table 1's SegTree and Vanilla-Transformer
     rows at the same length, layers and column."""
     from fairseq_plugins.recipes.config import load_tables
 
     tables = load_tables()
-    figure5 = {(c["row"], c["column"]): c for c in tables["bpt-figure5"]["configs"]}
-    pairs = [(figure5[row, "BPT"], figure5[row, "Window"]) for row, column in figure5 if column == "BPT"]
+    figure5 = {c["id"]: c for c in tables["bpt-figure5"]["configs"]}
+    pairs = [(c, figure5[f"window-k{c['model']['graph-k']}"]) for name, c in figure5.items() if name.startswith("bpt-")]
+    pairs += [(figure5["bpt-k1"], c) for name, c in figure5.items() if name.startswith("window-w")]
+    pairs.append((figure5["sparse-transformer"], figure5["window-w128"]))
     segtree = {(c["row"], c["column"]): c for c in tables["segtree-table1"]["configs"]}
     pairs += [(c, segtree[row.replace("SegTree-Transformer", "Vanilla-Transformer"), column])
               for (row, column), c in segtree.items() if row.startswith("SegTree-Transformer")]

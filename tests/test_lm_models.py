@@ -1,4 +1,5 @@
-"""bpt_lm / segtree_lm / window_lm: incremental decoding, causality, the window, options."""
+"""bpt_lm / segtree_lm / window_lm / sparse_lm: incremental decoding, causality, the window and
+the strided pattern, options."""
 
 from pathlib import Path
 
@@ -21,6 +22,7 @@ ARCHS = {
     "bpt_lm": ["--graph-k", "2", "--graph-attention-backend", "torch"],
     "segtree_lm": ["--graph-attention-backend", "torch"],
     "window_lm": ["--attention-window", "5"],
+    "sparse_lm": ["--sparse-stride", "4", "--sparse-summary", "2", "--graph-attention-backend", "torch"],
 }
 
 
@@ -118,6 +120,24 @@ def test_window_reaches_exactly_w_tokens_back_per_layer(tmp_path):
         assert seen == (source > t - w), source
 
 
+def test_sparse_lm_reaches_exactly_the_pattern_per_layer(tmp_path):
+    """One layer of sparse_lm: output t depends on the tokens of the strided pattern's row t
+    (its block up to t, the earlier blocks' summaries) and no others."""
+    from fairseq_plugins.graphs.strided import strided_keys
+
+    task, model = build(tmp_path, "sparse_lm", [*ARCHS["sparse_lm"], "--decoder-layers", "1"])
+    text = random_text(task, 1, 20, 2)
+    logits, _ = model(text)
+    t = 14
+    keys = set(strided_keys(t, 4, 2).tolist())
+    assert keys == {2, 3, 6, 7, 10, 11, 12, 13, 14}
+    for source in range(t + 1):
+        changed = text.clone()
+        changed[0, source] = other_symbols(task, text[0, source])
+        other, _ = model(changed)
+        assert (not torch.allclose(other[0, t], logits[0, t])) == (source in keys), source
+
+
 def test_window_as_long_as_the_text_is_transformer_lm(tmp_path):
     task, window = build(tmp_path, "window_lm", ["--attention-window", "64"])
     # fairseq's transformer_lm takes its dataclass defaults (post-norm, d 512 in/out) for what is not given
@@ -147,10 +167,12 @@ def test_bad_options_raise(tmp_path):
         build(tmp_path, "window_lm", ["--attention-window", "0"])
     with pytest.raises(ValueError, match="adaptive-input"):
         build(tmp_path, "bpt_lm", ["--adaptive-input"])
+    with pytest.raises(ValueError, match="sparse-summary must be in"):
+        build(tmp_path, "sparse_lm", ["--sparse-stride", "4", "--sparse-summary", "5"])
 
 
 LM_ARCHS = ["bpt_lm", "bpt_lm_enwik8", "bpt_lm_text8", "segtree_lm", "segtree_lm_ptb", "segtree_lm_wikitext2",
-            "window_lm"]
+            "window_lm", "sparse_lm", "sparse_lm_enwik8"]
 
 
 @pytest.mark.parametrize("arch", LM_ARCHS)
@@ -161,7 +183,9 @@ def test_architectures_fill_only_unset_plugin_options(arch):
 
     from fairseq_plugins.models.bpt_lm import LM_GRAPH_OPTIONS
 
-    names = ("attention_window",) if arch == "window_lm" else LM_GRAPH_OPTIONS
+    sparse = ("sparse_stride", "sparse_summary", "graph_token_positions")
+    names = {"window_lm": ("attention_window",), "sparse_lm": sparse,
+             "sparse_lm_enwik8": sparse}.get(arch, LM_GRAPH_OPTIONS)
     parser = argparse.ArgumentParser(argument_default=argparse.SUPPRESS)
     ARCH_MODEL_REGISTRY[arch].add_args(parser)
     assert set(names) <= {action.dest for action in parser._actions}

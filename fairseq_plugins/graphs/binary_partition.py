@@ -285,10 +285,20 @@ class TreeGraphSpec:
     def span_self_loop(self) -> bool:
         return self.kind == "segtree"
 
+    @property
+    def num_edge_types(self) -> int:
+        return self.types.num_types
+
     def build(self, n: int) -> AttentionGraph:
         if self.kind == "bpt":
             return bpt_graph(n, self.k, self.causal, self.clip)
         return segtree_graph(n, self.causal, self.clip)
+
+    def present(self, lengths: torch.Tensor, padded_length: int) -> torch.Tensor:
+        return node_present(lengths, padded_length)
+
+    def step_graph(self, t: int) -> AttentionGraph:
+        return causal_step_graph(self, t)
 
     def token_contexts(self, positions: torch.Tensor, n) -> torch.Tensor:
         if self.kind == "bpt":

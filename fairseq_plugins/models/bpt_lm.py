@@ -36,6 +36,7 @@ class BPTLanguageModel(PluginModel, TransformerLanguageModel):
     """``transformer_lm`` whose decoder attends over the causal binary-partition graph."""
 
     graph_kind = "bpt"
+    graph_config = GraphTransformerConfig  # the options the decoder is built with
 
     @classmethod
     def add_args(cls, parser):
@@ -48,7 +49,7 @@ class BPTLanguageModel(PluginModel, TransformerLanguageModel):
                 raise ValueError(f"--{option.replace('_', '-')} is not supported by {cls.graph_kind}_lm")
         lm_max_positions(args, f"{cls.graph_kind}_lm")
         training = lm_training(args, f"{cls.graph_kind}_lm")
-        cfg = GraphTransformerConfig.from_namespace(args)
+        cfg = cls.graph_config.from_namespace(args)
         cfg.graph_kind = cls.graph_kind
         validate_graph_options(cfg)
         embed_tokens = cls.build_embedding(args, task.source_dictionary, args.decoder_input_dim)

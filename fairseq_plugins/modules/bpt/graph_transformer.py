@@ -9,6 +9,10 @@ node) to the source tokens, and its output projection reads target token nodes o
 decoder graph is causal: a token sees its left context and itself; a span is only ever read
 once complete.
 
+A decoder may also run over a graph of its tokens alone (``graph_kind`` "sparse": the Sparse
+Transformer's strided pattern, ``graphs/strided.py``); the graph spec says which nodes exist
+and what a decoding step attends to.
+
 Incremental decoding keeps, per layer, the keys/values of every node created so far (in
 creation order, see ``causal_step_graph``); a step runs the new token and the spans it
 completes through all layers, each attending to O(k log t) cached nodes (spans: their tokens).
@@ -27,12 +31,17 @@ from torch import Tensor
 from fairseq import utils
 from fairseq.models.transformer import TransformerDecoderBase, TransformerEncoderBase
 
-from fairseq_plugins.graphs.binary_partition import TreeGraphSpec, causal_step_graph, node_present, root_rows
+from fairseq_plugins.graphs.binary_partition import TreeGraphSpec, node_present, root_rows
+from fairseq_plugins.graphs.strided import StridedGraphSpec
 from fairseq_plugins.modules.bpt.graph_transformer_layers import GraphDecoderLayer, GraphEncoderLayer
 from fairseq_plugins.modules.common.layer_wrapping import wrap_layer
 
 
-def graph_spec(cfg, causal: bool) -> TreeGraphSpec:
+def graph_spec(cfg, causal: bool):
+    """The graph family of ``cfg.graph_kind``: the trees (bpt, segtree) or the Sparse
+    Transformer's strided pattern (sparse, decoders only)."""
+    if cfg.graph_kind == "sparse":
+        return StridedGraphSpec(cfg.sparse_stride, cfg.sparse_summary, causal)
     return TreeGraphSpec(cfg.graph_kind, cfg.graph_k, cfg.graph_rel_clip, causal)
 
 
@@ -60,7 +69,7 @@ class GraphTransformerEncoder(TransformerEncoderBase):
         super().__init__(graph_side_config(cfg), dictionary, embed_tokens)
 
     def build_encoder_layer(self, cfg):
-        return wrap_layer(GraphEncoderLayer(cfg, self._spec.types.num_types, backend=cfg.graph_attention_backend,
+        return wrap_layer(GraphEncoderLayer(cfg, self._spec.num_edge_types, backend=cfg.graph_attention_backend,
                                             recompute_norms_ffn=cfg.graph_recompute_norms_ffn), cfg)
 
     def forward(self, src_tokens, src_lengths: Optional[Tensor] = None,
@@ -116,7 +125,7 @@ class GraphTransformerDecoder(TransformerDecoderBase):
         super().__init__(graph_side_config(cfg), dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        layer = GraphDecoderLayer(cfg, self._spec.types.num_types, no_encoder_attn=no_encoder_attn,
+        layer = GraphDecoderLayer(cfg, self._spec.num_edge_types, no_encoder_attn=no_encoder_attn,
                                   backend=cfg.graph_attention_backend,
                                   cross_attention_from=self.cross_attention_from,
                                   recompute_norms_ffn=cfg.graph_recompute_norms_ffn)
@@ -165,10 +174,10 @@ class GraphTransformerDecoder(TransformerDecoderBase):
             if not torch.equal(padding, positions >= lengths.unsqueeze(1)) or bool((lengths == 0).any()):
                 raise ValueError("the BPT decoder needs non-empty, right-padded targets")
             graph = self._spec.build(length)
-            absent = ~node_present(lengths, length).to(tokens.device)
+            absent = ~self._spec.present(lengths, length).to(tokens.device)
             num_new = length
         else:
-            graph = causal_step_graph(self._spec, length - 1)  # the new nodes over the cache
+            graph = self._spec.step_graph(length - 1)  # the new nodes over the cache
             absent = None
             num_new = 1
         x = _nodes(tokens, graph.num_nodes)
