@@ -13,12 +13,13 @@ relative positions, as the original's Sparse Transformer config (``rel_pos: Fals
 from dataclasses import dataclass, field
 
 from fairseq.models import register_model, register_model_architecture
-from fairseq.models.transformer_lm import TransformerLanguageModelConfig, base_lm_architecture
+from fairseq.models.transformer_lm import base_lm_architecture
 from fairseq.utils import safe_getattr
 
 from fairseq_plugins.graphs.strided import DEFAULT_STRIDE, DEFAULT_SUMMARY
 from fairseq_plugins.models.bpt_lm import BPTLanguageModel, bpt_paper_sizes
 from fairseq_plugins.models.bpt_transformer import GraphTransformerConfig
+from fairseq_plugins.models.lm_training import LMTrainingConfig
 from fairseq_plugins.models.model_options import add_config_args, config_with_options
 
 
@@ -36,7 +37,7 @@ class StridedGraphConfig(GraphTransformerConfig):
 SPARSE_LM_OPTIONS = ("sparse_stride", "sparse_summary", "graph_token_positions", "graph_attention_backend",
                      "graph_recompute_norms_ffn")
 SparseLanguageModelConfig = config_with_options(
-    "SparseLanguageModelConfig", TransformerLanguageModelConfig, StridedGraphConfig, SPARSE_LM_OPTIONS, __name__)
+    "SparseLanguageModelConfig", LMTrainingConfig, StridedGraphConfig, SPARSE_LM_OPTIONS, __name__)
 
 
 @register_model("sparse_lm")
