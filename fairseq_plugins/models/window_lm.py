@@ -18,7 +18,9 @@ from fairseq.models.transformer_lm import TransformerLanguageModel, TransformerL
 from fairseq.utils import safe_getattr
 from torch import Tensor
 
-from fairseq_plugins.models.model_options import add_config_args, check_at_least, lm_max_positions
+from fairseq_plugins.models.model_options import (
+    add_config_args, check_at_least, check_lm_context, lm_max_positions,
+)
 from fairseq_plugins.models.plugin_model import PluginModel
 
 
@@ -64,15 +66,20 @@ class WindowTransformerDecoder(TransformerDecoder):
 
 @register_model("window_lm")
 class WindowLanguageModel(PluginModel, TransformerLanguageModel):
+    language_model = True
+
     @classmethod
     def add_args(cls, parser):
         add_config_args(parser, WindowLanguageModelConfig)
+
     @classmethod
     def build_model(cls, args, task):
+        cls.check_task(args, task)
         check_at_least(args, "attention_window", 1)
         if getattr(args, "character_embeddings", False) or getattr(args, "adaptive_input", False):
             raise ValueError("window_lm takes plain token embeddings (no --character-embeddings/--adaptive-input)")
         lm_max_positions(args, "window_lm")
+        check_lm_context(args, task, "window_lm")
         embed_tokens = cls.build_embedding(args, task.source_dictionary, args.decoder_input_dim)
         return cls(WindowTransformerDecoder(args, task.target_dictionary, embed_tokens, args.attention_window))
 
