@@ -72,17 +72,21 @@ class SentenceEncoderModel(DictionaryFingerprint, BaseFairseqModel):
 
     config_class = TransformerConfig  # a subclass's config, with ClassifierOptions among its bases
 
-    def __init__(self, cfg, encoder):
+    def __init__(self, cfg, encoder, label_dictionary=None):
         BaseFairseqModel.__init__(self)  # the fingerprint's buffer is registered below, once encoder exists
         self.encoder = encoder
+        self.label_dictionary = label_dictionary  # the task's (None for regression): fingerprinted
         self.cfg = cfg
         self.args = cfg  # fairseq's criteria look up optional settings on model.args
         self.readout = cfg.sentence_readout
         self.classification_heads = nn.ModuleDict()
         self.register_buffer("dictionary_fingerprint", self._current_fingerprint())
 
-    def fingerprinted_dictionaries(self):
-        return self.encoder.dictionary, self.encoder.dictionary
+    def fingerprinted_dictionaries(self) -> dict:
+        sides = {"source": self.encoder.dictionary, "target": self.encoder.dictionary}
+        if self.label_dictionary is not None:
+            sides["label"] = self.label_dictionary
+        return sides
 
     @classmethod
     def add_args(cls, parser):
@@ -102,7 +106,8 @@ class SentenceEncoderModel(DictionaryFingerprint, BaseFairseqModel):
                              "task --init-token and --separator-token (e.g. 0 and 2)")
         cls.check_options(cfg)
         dictionary = task.source_dictionary
-        return cls(cfg, cls.build_encoder(cfg, dictionary, cls.build_input_embedding(cfg, dictionary)))
+        return cls(cfg, cls.build_encoder(cfg, dictionary, cls.build_input_embedding(cfg, dictionary)),
+                   getattr(task, "label_dictionary", None))
 
     @classmethod
     def build_input_embedding(cls, cfg, dictionary):
