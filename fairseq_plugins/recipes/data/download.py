@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from .progress import Progress, log
+from .readers import DAMAGED_ARCHIVE, damaged
 
 DEFAULT_CACHE = Path.home() / ".cache" / "fairseq_plugins" / "raw"
 
@@ -57,6 +58,15 @@ def _extract(archive: Path, into: Path) -> None:
     into.mkdir(parents=True, exist_ok=True)
     name = archive.name
     log(f"extracting {name}")
+    try:
+        _unpack(archive, into)
+    except (*DAMAGED_ARCHIVE, tarfile.ReadError, zipfile.BadZipFile) as err:
+        shutil.rmtree(into)  # no half-unpacked members for the next run to find
+        raise damaged(archive, err) from err
+
+
+def _unpack(archive: Path, into: Path) -> None:
+    name = archive.name
     if name.endswith((".tgz", ".tar.gz", ".tar")):
         with tarfile.open(archive) as tar:
             tar.extractall(into, filter="data")

@@ -9,7 +9,7 @@ from typing import Optional, Sequence
 
 from .common import Recipe, Split
 from .download import Archive, locate
-from .readers import read_plain
+from .readers import read_parallel
 
 RAW_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw"
 SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
@@ -22,7 +22,7 @@ def multi30k_en_de(raw_dir: Optional[Path], cache_dir: Path, extra: Sequence[Pat
     if extra:
         raise ValueError("multi30k-en-de takes no --extra-parallel corpora")
     files = locate(FILES, raw_dir, cache_dir)
-    splits = {split: Split(read_plain(files[f"{name}.en"]), read_plain(files[f"{name}.de"]))
+    splits = {split: Split(*read_parallel(files[f"{name}.en"], files[f"{name}.de"], f"the {split} split"))
               for split, name in SPLITS.items()}
     return splits, Recipe("en", "de", bpe_merges=8000, clean_max_len=250, clean_ratio=9.0)
 
