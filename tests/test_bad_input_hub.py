@@ -1,5 +1,5 @@
 """The hub (``from_pretrained``) under bad input: a data folder whose labels were binarized in
-another order is refused, never read as other classes."""
+another order is refused, never read as other classes; a tagger predicts tags only."""
 
 import shutil
 from pathlib import Path
@@ -8,9 +8,9 @@ import pytest
 
 from fairseq_plugins.models.dictionary_fingerprint import OVERRIDE, DictionaryMismatchError
 from fairseq_plugins.models.transformer_classifier import TransformerClassifierModel
-from tests.classification_data import write_classification
+from tests.classification_data import write_classification, write_tagging
 from tests.cli import USER_DIR, run_cli
-from tests.test_classification import SENTENCE_ARGS, _train
+from tests.test_classification import SENTENCE_ARGS, TINY, _train
 
 
 @pytest.fixture(scope="module")
@@ -59,3 +59,22 @@ def test_labels_in_the_same_order_are_accepted(classifier, tmp_path):
     same = rebinarized_labels(data, tmp_path / "same", lambda lines: lines)
     sentence = "a man is riding a bike ."
     assert _hub(save, same).predict_label(sentence) == _hub(save, data).predict_label(sentence)
+
+
+@pytest.mark.slow
+def test_the_tagger_never_predicts_a_symbol_that_is_not_a_tag(tmp_path):
+    """The tag dictionary is padded (madeupword0000, ...) and the head has a column for each: even
+    a head that prefers the padding predicts tags only."""
+    from fairseq_plugins.models.ms_classifier import MultiScaleClassifierModel
+
+    data = write_tagging(tmp_path / "tags")
+    run_cli("fairseq-train", data, "--user-dir", USER_DIR, "--arch", "ms_tagger", *TINY, "--task", "sequence_tagging",
+            "--criterion", "sequence_tagging", "--optimizer", "adam", "--lr", "0.005", "--batch-size", "16",
+            "--max-update", "2", "--save-dir", tmp_path / "ckpt", "--cpu", "--num-workers", "0")
+    hub = MultiScaleClassifierModel.from_pretrained(str(tmp_path / "ckpt"), "checkpoint_last.pt", str(data),
+                                                    user_dir=str(USER_DIR))
+    hub.eval()
+    tags = hub.task.label_dictionary
+    padding = tags.index("madeupword0000") - tags.nspecial
+    hub.model.classification_heads["tagging_head"].out_proj.bias.data[padding] = 1e4
+    assert set(hub.predict_label("a young man is sitting on a bench .")) <= {"O", "B-PER", "I-PER"}

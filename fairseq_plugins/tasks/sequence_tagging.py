@@ -31,6 +31,7 @@ from fairseq.data import (
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
 
+from fairseq_plugins.data.labels import check_empty, check_known
 from fairseq_plugins.tasks.tagging_scores import SCHEMES, f1, span_counts
 
 logger = logging.getLogger(__name__)
@@ -74,6 +75,7 @@ class SequenceTaggingTask(FairseqTask):
     def load_dataset(self, split, combine=False, **kwargs):
         def load(key, dictionary):
             path = os.path.join(self.cfg.data, key, split)
+            check_empty(path)
             dataset = data_utils.load_indexed_dataset(path, dictionary, combine=combine)
             if dataset is None:
                 raise FileNotFoundError(f"no {key} data for split {split!r} at {path}")
@@ -81,6 +83,7 @@ class SequenceTaggingTask(FairseqTask):
 
         words = load("input0", self.dictionary)
         tags = load("label", self._label_dictionary)
+        check_known(tags, self._label_dictionary, os.path.join(self.cfg.data, "label", split))
         if len(words) != len(tags) or not np.array_equal(words.sizes, tags.sizes):
             pairs = enumerate(zip(words.sizes, tags.sizes))
             bad = next((i for i, (a, b) in pairs if a != b), min(len(words), len(tags)))
