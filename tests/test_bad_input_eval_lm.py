@@ -4,7 +4,6 @@ trained, a checkpoint of another kind. Never a loss over zero tokens."""
 import pytest
 
 from fairseq_plugins.recipes import evaluate_lm
-from fairseq_plugins.recipes.evaluate import evaluate
 from tests.bad_input import refusal
 from tests.cli import USER_DIR, run_cli
 from tests.lm_fixture import HELDOUT
@@ -35,15 +34,6 @@ def test_a_model_with_positions_refuses_a_longer_context(enwik8_bin, tiny_lm):
     assert line == ("ValueError: --tokens-per-sample 256 is longer than the 64 positions window_lm was trained "
                     "with (absolute positions): every block would be skipped and nothing scored; use "
                     "--tokens-per-sample <= 64")
-
-
-@pytest.mark.slow
-def test_the_evaluation_writes_no_result_for_a_refused_context(enwik8_bin, tiny_lm, tmp_path):
-    cfg = {"name": "lm/tiny_window_lm", "table": "t", "row": "r", "column": "c", "data": "enwik8",
-           "task": {"task": "language_modeling"}, "evaluate": {"tokens-per-sample": int(LONGER), "max-tokens": 1024}}
-    with pytest.raises(RuntimeError, match="longer than the 64 positions window_lm was trained with"):
-        evaluate(cfg, enwik8_bin, tiny_lm("window_lm") / "checkpoint_last.pt", "test", tmp_path / "results")
-    assert not (tmp_path / "results").exists()
 
 
 SKIPPED = ("2024-01-01 | WARNING | fairseq.data.data_utils | 12 samples have invalid sizes and will be skipped, "
