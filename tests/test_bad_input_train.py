@@ -8,7 +8,7 @@ import pytest
 
 from tests.bad_input import refusal
 from tests.classification_data import write_classification, write_tagging
-from tests.cli import USER_DIR, run_cli
+from tests.cli import USER_DIR, run_cli, train_args
 from tests.lm_fixture import ARCHS, TINY
 from tests.test_classification import SENTENCE_ARGS
 from tests.test_classification import TINY as CLASSIFIER
@@ -95,3 +95,19 @@ def test_an_empty_valid_split_is_named(tagging_data, tmp_path):
     (data / "input0" / "valid.bin").write_bytes(b"")
     line = refusal(*_train_classifier(data, tmp_path / "ckpt", *TAGGING))
     assert line == f"ValueError: {data}/input0/valid.bin is empty: its split has no lines"
+
+
+@pytest.mark.slow
+def test_an_empty_translation_split_is_named(tiny_data_bin, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data_bin, data)
+    (data / "valid.en-de.de.bin").write_bytes(b"")
+    line = refusal("fairseq-train", *train_args(data, tmp_path / "ckpt", "bpt_transformer", max_update=2))
+    assert line == f"ValueError: {data}/valid.en-de.de.bin is empty: its split has no lines"
+    assert not list((tmp_path / "ckpt").glob("*.pt"))
+
+
+@pytest.mark.slow
+def test_graph_k_0_is_refused_before_the_model_is_built(enwik8_bin, tmp_path):
+    line = refusal(*_train_lm(enwik8_bin, tmp_path / "ckpt", "--graph-k", "0"))
+    assert line == "ValueError: --graph-k must be an integer >= 1, got 0"

@@ -1,6 +1,10 @@
-"""Checks of binarized labels (a classifier's ``label/``, a tagger's tags) before training reads
-them: fairseq finds a bad one only when a batch holding it reaches the loss, after a whole epoch
-(``IndexError: Target -1``, ``Target 3 is out of bounds``)."""
+"""Checks of binarized data before training reads it: labels (a classifier's ``label/``, a
+tagger's tags), which fairseq finds bad only when a batch holding one reaches the loss, after a
+whole epoch (``IndexError: Target -1``, ``Target 3 is out of bounds``), and empty splits, which
+it cannot open at all.
+
+fairseq-train builds the model before it loads any data, so the models' ``build_model`` is
+where the plugin sees the data first."""
 
 import os
 from typing import List
@@ -35,3 +39,14 @@ def check_empty(path: str) -> None:
     """An empty split binarizes to an empty .bin, which fairseq cannot open ("cannot mmap an empty file")."""
     if os.path.exists(path + ".bin") and os.path.getsize(path + ".bin") == 0:
         raise ValueError(f"{path}.bin is empty: its split has no lines")
+
+
+def check_no_empty_split(folder: str) -> None:
+    """``check_empty`` for every binarized file of a data-bin and of its subfolders (a classifier's
+    input0/, label/): run before fairseq-train loads any of them."""
+    if not os.path.isdir(folder):
+        return
+    for root in [folder] + sorted(e.path for e in os.scandir(folder) if e.is_dir()):
+        for name in sorted(os.listdir(root)):
+            if name.endswith(".bin"):
+                check_empty(os.path.join(root, name[:-len(".bin")]))

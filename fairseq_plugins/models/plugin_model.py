@@ -1,8 +1,17 @@
 """What every plugin model adds to fairseq's TransformerModel; it comes first in the model's bases."""
 
 from fairseq.tasks.language_modeling import LanguageModelingTask
+from fairseq.utils import split_paths
 
+from fairseq_plugins.data.labels import check_no_empty_split
 from fairseq_plugins.models.dictionary_fingerprint import DictionaryFingerprint
+
+
+def task_data_folders(task):
+    """The data-bin folders of a task (fairseq's ``data``, shards separated by ':'), or none."""
+    options = getattr(task, "cfg", None) or getattr(task, "args", None)  # fairseq's LM task keeps args only
+    data = getattr(options, "data", None)
+    return split_paths(data) if isinstance(data, str) and data else []
 
 
 class PluginModel(DictionaryFingerprint):
@@ -20,7 +29,10 @@ class PluginModel(DictionaryFingerprint):
     def check_task(cls, args, task) -> None:
         """A language model under a translation task, or a translation model under the
         language-modelling one (a checkpoint given to the other kind of command), otherwise fails
-        later on an attribute or a dictionary that says nothing of the cause."""
+        later on an attribute or a dictionary that says nothing of the cause; an empty split of
+        the task's data, which fairseq could not open."""
+        for folder in task_data_folders(task):
+            check_no_empty_split(folder)
         if isinstance(task, LanguageModelingTask) == cls.language_model:
             return
         arch = getattr(args, "arch", cls.__name__)

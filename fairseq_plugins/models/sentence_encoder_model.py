@@ -32,9 +32,10 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.models import BaseFairseqModel
 from fairseq.models.transformer import Embedding, TransformerConfig
 
-from fairseq_plugins.data.labels import check_known, check_num_classes, class_labels
+from fairseq_plugins.data.labels import check_known, check_no_empty_split, check_num_classes, class_labels
 from fairseq_plugins.models.dictionary_fingerprint import DictionaryFingerprint
 from fairseq_plugins.models.model_options import add_config_args, check_at_least, check_choice
+from fairseq_plugins.models.plugin_model import task_data_folders
 from fairseq_plugins.modules.common.char_ngram_embedding import CharNgramWordEmbedding
 from fairseq_plugins.modules.common.classification_heads import ClassificationHead
 from fairseq_plugins.modules.common.pretrained_embeddings import load_pretrained
@@ -127,6 +128,8 @@ class SentenceEncoderModel(DictionaryFingerprint, BaseFairseqModel):
             raise ValueError("--pair-encoding separate splits the sentence_prediction task's pair rows: give the "
                              "task --init-token and --separator-token (e.g. 0 and 2)")
         cls.check_options(cfg)
+        for folder in task_data_folders(task):
+            check_no_empty_split(folder)
         check_task_labels(task)
         dictionary = task.source_dictionary
         return cls(cfg, cls.build_encoder(cfg, dictionary, cls.build_input_embedding(cfg, dictionary)),

@@ -31,7 +31,7 @@ from fairseq.data import (
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
 
-from fairseq_plugins.data.labels import check_empty, check_known
+from fairseq_plugins.data.labels import check_known
 from fairseq_plugins.tasks.tagging_scores import SCHEMES, f1, span_counts
 
 logger = logging.getLogger(__name__)
@@ -75,7 +75,6 @@ class SequenceTaggingTask(FairseqTask):
     def load_dataset(self, split, combine=False, **kwargs):
         def load(key, dictionary):
             path = os.path.join(self.cfg.data, key, split)
-            check_empty(path)
             dataset = data_utils.load_indexed_dataset(path, dictionary, combine=combine)
             if dataset is None:
                 raise FileNotFoundError(f"no {key} data for split {split!r} at {path}")
