@@ -111,3 +111,18 @@ def test_an_empty_translation_split_is_named(tiny_data_bin, tmp_path):
 def test_graph_k_0_is_refused_before_the_model_is_built(enwik8_bin, tmp_path):
     line = refusal(*_train_lm(enwik8_bin, tmp_path / "ckpt", "--graph-k", "0"))
     assert line == "ValueError: --graph-k must be an integer >= 1, got 0"
+
+
+@pytest.mark.slow
+def test_a_regression_target_that_is_not_a_number_is_named(sentence_data, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(sentence_data / "input0", data / "input0")
+    (data / "label").mkdir()
+    for split in ("train", "valid"):
+        lines = len((sentence_data.parent / "raw" / f"{split}.label").read_text().splitlines())
+        (data / "label" / f"{split}.label").write_text("".join(f"{i % 5}.5\n" for i in range(lines)))
+    (data / "label" / "valid.label").write_text("1.5\n2\nhigh\n")
+    args = [*SENTENCE_ARGS, "--num-classes", "1", "--regression-target", "--best-checkpoint-metric", "loss"]
+    line = refusal(*_train_classifier(data, tmp_path / "ckpt", *args))
+    assert line == f"ValueError: {data}/label/valid.label:3: the regression target 'high' is not a number"
+    assert not list((tmp_path / "ckpt").glob("*.pt"))

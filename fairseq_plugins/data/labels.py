@@ -50,3 +50,19 @@ def check_no_empty_split(folder: str) -> None:
         for name in sorted(os.listdir(root)):
             if name.endswith(".bin"):
                 check_empty(os.path.join(root, name[:-len(".bin")]))
+
+
+def check_regression_targets(folder: str) -> None:
+    """sentence_prediction's regression targets are text (``label/{split}.label``, numbers a line),
+    read with ``float`` when a split loads: a word there fails with no file or line."""
+    if not os.path.isdir(folder):
+        return
+    for name in sorted(n for n in os.listdir(folder) if n.endswith(".label")):
+        path = os.path.join(folder, name)
+        with open(path, encoding="utf-8") as lines:
+            for number, line in enumerate(lines, 1):
+                for value in line.split():
+                    try:
+                        float(value)
+                    except ValueError:
+                        raise ValueError(f"{path}:{number}: the regression target {value!r} is not a number") from None

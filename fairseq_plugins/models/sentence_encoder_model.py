@@ -32,7 +32,9 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.models import BaseFairseqModel
 from fairseq.models.transformer import Embedding, TransformerConfig
 
-from fairseq_plugins.data.labels import check_known, check_no_empty_split, check_num_classes, class_labels
+from fairseq_plugins.data.labels import (
+    check_known, check_no_empty_split, check_num_classes, check_regression_targets, class_labels,
+)
 from fairseq_plugins.models.dictionary_fingerprint import DictionaryFingerprint
 from fairseq_plugins.models.model_options import add_config_args, check_at_least, check_choice
 from fairseq_plugins.models.plugin_model import task_data_folders
@@ -73,11 +75,14 @@ class ClassifierOptions:
 
 def check_task_labels(task) -> None:
     """sentence_prediction's labels (fairseq's task checks nothing, and fairseq-train loads the data
-    after the model): --num-classes against the label dictionary, and no unknown label in the
-    binarized splits beside train (fairseq-preprocess built the dictionary from train, so only the
-    others can hold one; they are small enough to read at every load)."""
+    after the model): regression targets that are numbers; --num-classes against the label
+    dictionary, and no unknown label in the binarized splits beside train (fairseq-preprocess
+    built the dictionary from train, so only the others can hold one; they are small enough to
+    read at every load)."""
     labels = getattr(task, "label_dictionary", None)
     num_classes = getattr(getattr(task, "cfg", None), "num_classes", None)
+    if getattr(getattr(task, "cfg", None), "regression_target", False):
+        check_regression_targets(os.path.join(task.cfg.data, "label"))
     if labels is None or num_classes is None:  # regression, or the tagger (whose task checks its tags)
         return
     folder = os.path.join(task.cfg.data, "label")
