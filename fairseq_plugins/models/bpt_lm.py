@@ -46,7 +46,7 @@ class BPTLanguageModel(PluginModel, TransformerLanguageModel):
             if getattr(args, option, False):
                 raise ValueError(f"--{option.replace('_', '-')} is not supported by {cls.graph_kind}_lm")
         lm_max_positions(args, f"{cls.graph_kind}_lm")
-        if args.graph_token_positions == "absolute":
+        if safe_getattr(args, "graph_token_positions", None) == "absolute":  # a hydra config may leave it out
             check_lm_context(args, task, f"{cls.graph_kind}_lm")
         else:  # nothing bounds a context of relative positions: score the blocks the task cuts, however long
             args.max_target_positions = max(args.max_target_positions, task_tokens_per_sample(task) or 0)
