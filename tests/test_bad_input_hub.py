@@ -61,20 +61,38 @@ def test_labels_in_the_same_order_are_accepted(classifier, tmp_path):
     assert _hub(save, same).predict_label(sentence) == _hub(save, data).predict_label(sentence)
 
 
-@pytest.mark.slow
-def test_the_tagger_never_predicts_a_symbol_that_is_not_a_tag(tmp_path):
-    """The tag dictionary is padded (madeupword0000, ...) and the head has a column for each: even
-    a head that prefers the padding predicts tags only."""
-    from fairseq_plugins.models.ms_classifier import MultiScaleClassifierModel
-
-    data = write_tagging(tmp_path / "tags")
+@pytest.fixture(scope="module")
+def tagger(tmp_path_factory):
+    """(data-bin, save folder) of an ms_tagger trained 2 updates."""
+    tmp = tmp_path_factory.mktemp("tagger")
+    data = write_tagging(tmp / "tags")
     run_cli("fairseq-train", data, "--user-dir", USER_DIR, "--arch", "ms_tagger", *TINY, "--task", "sequence_tagging",
             "--criterion", "sequence_tagging", "--optimizer", "adam", "--lr", "0.005", "--batch-size", "16",
-            "--max-update", "2", "--save-dir", tmp_path / "ckpt", "--cpu", "--num-workers", "0")
-    hub = MultiScaleClassifierModel.from_pretrained(str(tmp_path / "ckpt"), "checkpoint_last.pt", str(data),
-                                                    user_dir=str(USER_DIR))
+            "--max-update", "2", "--save-dir", tmp / "ckpt", "--cpu", "--num-workers", "0")
+    return data, tmp / "ckpt"
+
+
+def _tagger_hub(save, data):
+    from fairseq_plugins.models.ms_classifier import MultiScaleClassifierModel
+
+    return MultiScaleClassifierModel.from_pretrained(str(save), "checkpoint_last.pt", str(data), user_dir=str(USER_DIR))
+
+
+@pytest.mark.slow
+def test_the_tagger_never_predicts_a_symbol_that_is_not_a_tag(tagger):
+    """The tag dictionary is padded (madeupword0000, ...) and the head has a column for each: even
+    a head that prefers the padding predicts tags only."""
+    hub = _tagger_hub(tagger[1], tagger[0])
     hub.eval()
     tags = hub.task.label_dictionary
     padding = tags.index("madeupword0000") - tags.nspecial
     hub.model.classification_heads["tagging_head"].out_proj.bias.data[padding] = 1e4
     assert set(hub.predict_label("a young man is sitting on a bench .")) <= {"O", "B-PER", "I-PER"}
+
+
+@pytest.mark.slow
+def test_tags_in_another_order_are_refused(tagger, tmp_path):
+    data, save = tagger
+    swapped = rebinarized_labels(data, tmp_path / "swapped", lambda lines: [lines[1], lines[0], *lines[2:]])
+    with pytest.raises(DictionaryMismatchError, match="^the checkpoint was trained with another label dictionary"):
+        _tagger_hub(save, swapped)
