@@ -72,6 +72,7 @@ def _mtl16(tmp_path, test_lines: str) -> Path:
     return raw
 
 
+@pytest.mark.slow  # fairseq-preprocess
 def test_a_label_only_in_test_gets_a_class_not_unk(tmp_path):
     """fairseq-preprocess builds the label dictionary from train alone: the test's extra label
     would be <unk>, a target of -1."""
