@@ -205,6 +205,6 @@ def test_mismatched_parallel_files_are_rejected(tmp_path):
     for name in ("train", "val", "test_2016_flickr"):
         (raw / f"{name}.en").write_text("a b\nc d\n")
         (raw / f"{name}.de").write_text("x y\n")
-    with pytest.raises(ValueError, match="2 source vs 1 target"):
+    with pytest.raises(SystemExit, match="the train split: .*train.en has 2 lines but .*train.de has 1"):
         prepare_data.main(["multi30k-en-de", "--raw-dir", str(raw), "--out", str(tmp_path / "o"),
                            "--no-binarize"])

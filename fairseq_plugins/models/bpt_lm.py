@@ -4,7 +4,8 @@ fairseq's ``transformer_lm`` is a ``TransformerDecoder`` without cross-attention
 causal graph decoder of ``bpt_transformer`` (``GraphTransformerDecoder``) in the same place. A
 token attends to itself and O(k log t) tree nodes covering its left context, spans to their
 tokens; token order comes from the tree's relative positions (``--graph-token-positions none``,
-the papers' choice), so the context length is bounded only by ``--tokens-per-sample``.
+the papers' choice), so the context length is bounded only by ``--tokens-per-sample``: a
+checkpoint loaded by a task with longer blocks (fairseq-eval-lm at a longer context) takes them.
 Incremental decoding (sampling with fairseq's generator) is the decoder's: one new token and
 the spans it completes per step, O(k log t) cached nodes each.
 """
@@ -15,7 +16,9 @@ from fairseq.models.transformer_lm import TransformerLanguageModel, base_lm_arch
 
 from fairseq_plugins.models.bpt_transformer import GraphTransformerConfig, graph_defaults, validate_graph_options
 from fairseq_plugins.models.lm_training import LMTrainingConfig, LMTrainingDecoder, lm_training
-from fairseq_plugins.models.model_options import add_config_args, config_with_options, lm_max_positions
+from fairseq_plugins.models.model_options import (
+    add_config_args, check_lm_context, config_with_options, lm_max_positions, task_tokens_per_sample,
+)
 from fairseq_plugins.models.plugin_model import PluginModel
 from fairseq_plugins.modules.bpt.graph_transformer import GraphTransformerDecoder
 
@@ -35,6 +38,7 @@ class GraphLanguageModelDecoder(LMTrainingDecoder, GraphTransformerDecoder):
 class BPTLanguageModel(PluginModel, TransformerLanguageModel):
     """``transformer_lm`` whose decoder attends over the causal binary-partition graph."""
 
+    language_model = True
     graph_kind = "bpt"
     graph_config = GraphTransformerConfig  # the options the decoder is built with
 
@@ -44,14 +48,20 @@ class BPTLanguageModel(PluginModel, TransformerLanguageModel):
 
     @classmethod
     def build_model(cls, args, task):
+        cls.check_task(args, task)
         for option in ("character_embeddings", "adaptive_input"):
             if getattr(args, option, False):
                 raise ValueError(f"--{option.replace('_', '-')} is not supported by {cls.graph_kind}_lm")
         lm_max_positions(args, f"{cls.graph_kind}_lm")
+        if safe_getattr(args, "graph_token_positions", None) == "absolute":  # a hydra config may leave it out
+            check_lm_context(args, task, f"{cls.graph_kind}_lm")
+        else:  # nothing bounds a context of relative positions: score the blocks the task cuts, however long
+            args.max_target_positions = max(args.max_target_positions, task_tokens_per_sample(task) or 0)
         training = lm_training(args, f"{cls.graph_kind}_lm")
         cfg = cls.graph_config.from_namespace(args)
         cfg.graph_kind = cls.graph_kind
-        validate_graph_options(cfg)
+        cfg.graph_sides = "decoder"  # a language model has no encoder: its positions bound graph-k
+        validate_graph_options(cfg, length_flag="--tokens-per-sample")
         embed_tokens = cls.build_embedding(args, task.source_dictionary, args.decoder_input_dim)
         return cls(GraphLanguageModelDecoder(training, cfg, task.target_dictionary, embed_tokens, no_encoder_attn=True))
 

@@ -93,8 +93,10 @@ class BPTTransformerModel(PluginModel, TransformerModel):
         return super().build_decoder(cfg, tgt_dict, embed_tokens)
 
 
-def validate_graph_options(cfg) -> None:
-    """Clear errors for values no graph can have (nothing is replaced by a default here)."""
+def validate_graph_options(cfg, length_flag: str = "--max-source/target-positions") -> None:
+    """Clear errors for values no graph can have (nothing is replaced by a default here);
+    ``length_flag`` is the option that bounds the sequences (a language model's: its
+    --tokens-per-sample)."""
     check_at_least(cfg, "graph_k", 1)
     check_at_least(cfg, "graph_rel_clip", 1)
     if cfg.graph_kind == "segtree" and cfg.graph_k != 1:
@@ -104,10 +106,10 @@ def validate_graph_options(cfg) -> None:
     check_choice(cfg, "graph_token_positions", TOKEN_POSITIONS)
     check_choice(cfg, "graph_cross_attention", CROSS_ATTENTION_FROM)
     check_choice(cfg, "graph_attention_backend", GRAPH_ATTENTION_BACKENDS)
-    check_graph_k_helps(cfg)  # after the choices: it reads --graph-sides
+    check_graph_k_helps(cfg, length_flag)  # after the choices: it reads --graph-sides
 
 
-def check_graph_k_helps(cfg) -> None:
+def check_graph_k_helps(cfg, length_flag: str) -> None:
     """k past the longest sequence is dense attention that only grows the relative-position
     table (``k + 1`` slots per side and level: ``head_dim`` parameters per type and graph layer)."""
     sides = {"encoder": (cfg.encoder, cfg.max_source_positions), "decoder": (cfg.decoder, cfg.max_target_positions)}
@@ -123,7 +125,7 @@ def check_graph_k_helps(cfg) -> None:
 
     raise ValueError(
         f"--graph-k {cfg.graph_k} is beyond what can help: at k = {bound} (the longest sequence, "
-        f"--max-source/target-positions, minus one) every token already sees all the others at level 0, i.e. "
+        f"{length_flag} {bound + 1}, minus one) every token already sees all the others at level 0, i.e. "
         f"dense attention; a larger k only grows the relative-position embeddings, to {table(cfg.graph_k):,} "
         f"parameters here ({table(bound):,} at k {bound}, {table(4):,} at the paper's k 4). Use --graph-k <= {bound}"
     )

@@ -2,11 +2,14 @@
 
 fairseq loads a checkpoint against any dictionary of the right size. With a data-bin whose
 dictionary holds the same words in another order, every embedding row then belongs to another
-word: the model translates garbage and nothing says why (REFERENCE.md section 8). A plugin
-model keeps one int64 per dictionary (source, target) in a buffer, saved with its parameters;
-loading compares it with the dictionaries of the task at hand and refuses a mismatch.
+word: the model translates garbage and nothing says why (REFERENCE.md section 8). The same
+holds for a classifier's label dictionary (``label/dict.txt``): labels binarized in another
+order swap the classes. A plugin model keeps one int64 per dictionary (source, target, and a
+classifier's or tagger's labels) in a buffer, saved with its parameters; loading compares it
+with the dictionaries of the task at hand and refuses a mismatch.
 
-Checkpoints written before the fingerprint existed load as before: there is nothing to compare.
+Checkpoints written before the fingerprint existed load as before: there is nothing to compare;
+a classifier's written before its labels were fingerprinted are checked on source and target.
 Setting ``FAIRSEQ_PLUGINS_ALLOW_DICTIONARY_MISMATCH=1`` loads a checkpoint against other
 dictionaries on purpose (e.g. fine-tuning after re-indexing); the new fingerprint is then kept.
 """
@@ -21,7 +24,6 @@ logger = logging.getLogger(__name__)
 
 BUFFER = "dictionary_fingerprint"
 OVERRIDE = "FAIRSEQ_PLUGINS_ALLOW_DICTIONARY_MISMATCH"
-SIDES = ("source", "target")
 
 
 class DictionaryMismatchError(RuntimeError):
@@ -41,15 +43,15 @@ class DictionaryFingerprint:
         super().__init__(*args, **kwargs)
         self.register_buffer(BUFFER, self._current_fingerprint())
 
-    def fingerprinted_dictionaries(self):
-        """(source, target) dictionaries; a language model has only its decoder's, which is both
-        (an encoder-only model overrides this)."""
+    def fingerprinted_dictionaries(self) -> dict:
+        """{"source": ..., "target": ...} dictionaries, in this order; a language model has only its
+        decoder's, which is both (an encoder-only model overrides this, and adds its labels)."""
         encoder = getattr(self, "encoder", None)
         source = self.decoder if encoder is None else encoder
-        return source.dictionary, self.decoder.dictionary
+        return {"source": source.dictionary, "target": self.decoder.dictionary}
 
     def _current_fingerprint(self) -> torch.Tensor:
-        return torch.tensor([fingerprint(d) for d in self.fingerprinted_dictionaries()])
+        return torch.tensor([fingerprint(d) for d in self.fingerprinted_dictionaries().values()])
 
     def upgrade_state_dict_named(self, state_dict, name):
         """fairseq calls this on every checkpoint before loading it: check, or fill in for old ones."""
@@ -57,14 +59,18 @@ class DictionaryFingerprint:
         key = f"{name}.{BUFFER}" if name else BUFFER
         current = self._current_fingerprint()
         saved = state_dict.get(key)
-        if saved is not None and not torch.equal(saved.cpu(), current):
-            sides = [side for side, a, b in zip(SIDES, saved.tolist(), current.tolist()) if a != b]
-            sizes = dict(zip(SIDES, map(len, self.fingerprinted_dictionaries())))
+        dictionaries = self.fingerprinted_dictionaries()
+        # zip: a checkpoint from before the labels were fingerprinted is checked on what it has
+        sides = [side for side, a, b in zip(dictionaries, saved.tolist(), current.tolist()) if a != b] \
+            if saved is not None else []
+        if sides:
+            harm = ("labels would be swapped and the predicted classes wrong" if sides == ["label"] else
+                    "symbols would map to the wrong embeddings and rows, and the output would be garbage")
             message = (
                 f"the checkpoint was trained with another {' and '.join(sides)} dictionary than the one "
-                f"loaded now ({', '.join(f'{s}: {sizes[s]} symbols' for s in sides)}); words would map to "
-                "the wrong embeddings and translations would be garbage. Use the data-bin (dict.*.txt) "
-                f"the model was trained with, or set {OVERRIDE}=1 to load it anyway."
+                f"loaded now ({', '.join(f'{s}: {len(dictionaries[s])} symbols' for s in sides)}); {harm}. Use "
+                f"the data-bin (dict*.txt, label/dict.txt) the model was trained with, or set {OVERRIDE}=1 to load "
+                "it anyway."
             )
             if os.environ.get(OVERRIDE) != "1":
                 raise DictionaryMismatchError(message)

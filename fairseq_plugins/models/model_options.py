@@ -103,6 +103,23 @@ def lm_max_positions(args, model: str) -> None:
     args.max_target_positions = tokens_per_sample
 
 
+def task_tokens_per_sample(task):
+    """The context the task cuts its blocks to (``--tokens-per-sample``; fairseq-eval-lm has
+    already taken ``--context-window`` off it), or None for a task without one."""
+    options = getattr(task, "args", None) or getattr(task, "cfg", None)  # fairseq's LM task keeps args only
+    return safe_getattr(options, "tokens_per_sample", None)
+
+
+def check_lm_context(args, task, model: str) -> None:
+    """A language model with absolute positions cannot score blocks longer than it was built
+    for: fairseq-eval-lm would skip every block and print a loss of 0 over 0 tokens."""
+    tokens = task_tokens_per_sample(task)
+    if tokens is not None and tokens > args.max_target_positions:
+        raise ValueError(f"--tokens-per-sample {tokens} is longer than the {args.max_target_positions} positions "
+                         f"{model} was trained with (absolute positions): every block would be skipped and "
+                         f"nothing scored; use --tokens-per-sample <= {args.max_target_positions}")
+
+
 def config_with_options(name: str, base, source, names: Iterable[str], module: str):
     """A dataclass ``name`` deriving from ``base`` plus the options ``names`` as ``source``
     declares them (type, default, help): a model family with another fairseq base config

@@ -24,18 +24,24 @@ encoder and classifies ``[r1; r2; |r1 - r2|; r1 * r2]``, the Multi-Scale paper's
 its negative log-likelihood and every prediction is its Viterbi path.
 """
 
+import os
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fairseq.data import data_utils
 from fairseq.dataclass import ChoiceEnum
 from fairseq.models import BaseFairseqModel
 from fairseq.models.transformer import Embedding, TransformerConfig
 
+from fairseq_plugins.data.labels import (
+    check_known, check_no_empty_split, check_num_classes, check_regression_targets, class_labels,
+)
 from fairseq_plugins.models.dictionary_fingerprint import DictionaryFingerprint
 from fairseq_plugins.models.model_options import add_config_args, check_at_least, check_choice
+from fairseq_plugins.models.plugin_model import task_data_folders
 from fairseq_plugins.modules.common.char_ngram_embedding import CharNgramWordEmbedding
 from fairseq_plugins.modules.common.classification_heads import ClassificationHead
 from fairseq_plugins.modules.common.pretrained_embeddings import load_pretrained
@@ -74,22 +80,48 @@ class ClassifierOptions:
         "help": "keep the input embeddings fixed (with --encoder-embed-path: fixed GloVe, as BPT and SegTree)"})
 
 
+def check_task_labels(task) -> None:
+    """sentence_prediction's labels (fairseq's task checks nothing, and fairseq-train loads the data
+    after the model): regression targets that are numbers; --num-classes against the label
+    dictionary, and no unknown label in the binarized splits beside train (fairseq-preprocess
+    built the dictionary from train, so only the others can hold one; they are small enough to
+    read at every load)."""
+    labels = getattr(task, "label_dictionary", None)
+    num_classes = getattr(getattr(task, "cfg", None), "num_classes", None)
+    if getattr(getattr(task, "cfg", None), "regression_target", False):
+        check_regression_targets(os.path.join(task.cfg.data, "label"))
+    if labels is None or num_classes is None:  # regression, or the tagger (whose task checks its tags)
+        return
+    folder = os.path.join(task.cfg.data, "label")
+    check_num_classes(labels, num_classes, os.path.join(folder, "dict.txt"))
+    splits = sorted(name[:-len(".idx")] for name in os.listdir(folder) if name.endswith(".idx")) \
+        if os.path.isdir(folder) else []
+    for split in splits:
+        if split != "train":
+            path = os.path.join(folder, split)
+            check_known(data_utils.load_indexed_dataset(path, labels), labels, path)
+
+
 class SentenceEncoderModel(DictionaryFingerprint, BaseFairseqModel):
     """Encoder + readout + named classification heads (subclasses choose the encoder)."""
 
     config_class = TransformerConfig  # a subclass's config, with ClassifierOptions among its bases
 
-    def __init__(self, cfg, encoder):
+    def __init__(self, cfg, encoder, label_dictionary=None):
         BaseFairseqModel.__init__(self)  # the fingerprint's buffer is registered below, once encoder exists
         self.encoder = encoder
+        self.label_dictionary = label_dictionary  # the task's (None for regression): fingerprinted
         self.cfg = cfg
         self.args = cfg  # fairseq's criteria look up optional settings on model.args
         self.readout = cfg.sentence_readout
         self.classification_heads = nn.ModuleDict()
         self.register_buffer("dictionary_fingerprint", self._current_fingerprint())
 
-    def fingerprinted_dictionaries(self):
-        return self.encoder.dictionary, self.encoder.dictionary
+    def fingerprinted_dictionaries(self) -> dict:
+        sides = {"source": self.encoder.dictionary, "target": self.encoder.dictionary}
+        if self.label_dictionary is not None:
+            sides["label"] = self.label_dictionary
+        return sides
 
     @classmethod
     def add_args(cls, parser):
@@ -108,8 +140,12 @@ class SentenceEncoderModel(DictionaryFingerprint, BaseFairseqModel):
             raise ValueError("--pair-encoding separate splits the sentence_prediction task's pair rows: give the "
                              "task --init-token and --separator-token (e.g. 0 and 2)")
         cls.check_options(cfg)
+        for folder in task_data_folders(task):
+            check_no_empty_split(folder)
+        check_task_labels(task)
         dictionary = task.source_dictionary
-        return cls(cfg, cls.build_encoder(cfg, dictionary, cls.build_input_embedding(cfg, dictionary)))
+        return cls(cfg, cls.build_encoder(cfg, dictionary, cls.build_input_embedding(cfg, dictionary)),
+                   getattr(task, "label_dictionary", None))
 
     @classmethod
     def build_input_embedding(cls, cfg, dictionary):
@@ -162,12 +198,22 @@ class SentenceEncoderModel(DictionaryFingerprint, BaseFairseqModel):
         head = self.classification_heads[classification_head_name] if classification_head_name else None
         if head is not None and head.token_level:
             out = self.encoder(src_tokens, src_lengths=src_lengths)
-            return head(out["encoder_out"][0].transpose(0, 1)), out
+            return self._tags_only(head(out["encoder_out"][0].transpose(0, 1))), out
         if self.cfg.pair_encoding == "separate":
             features, out = self._pair_vectors(src_tokens)
         else:
             features, out = self._sentence_vectors(src_tokens, src_lengths)
         return (features if head is None else head(features)), out
+
+    def _tags_only(self, logits):
+        """-inf for a tagger's columns that are no tag: the head has one per symbol of the tag
+        dictionary, the padding fairseq-preprocess adds to it (``madeupword0000``...) included."""
+        if self.label_dictionary is None:
+            return logits
+        tags = set(class_labels(self.label_dictionary))
+        symbols = self.label_dictionary.symbols[self.label_dictionary.nspecial:][: logits.size(-1)]
+        not_tag = torch.tensor([s not in tags for s in symbols], device=logits.device)
+        return logits.masked_fill(not_tag, float("-inf"))
 
     def _sentence_vectors(self, src_tokens, src_lengths):
         want_root = self.readout == "root"

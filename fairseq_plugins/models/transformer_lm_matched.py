@@ -19,7 +19,7 @@ from fairseq.models.transformer_lm import TransformerLanguageModel, base_lm_arch
 
 from fairseq_plugins.models.bpt_lm import segtree_paper_sizes
 from fairseq_plugins.models.lm_training import LMTrainingConfig, LMTrainingDecoder, lm_training
-from fairseq_plugins.models.model_options import add_config_args, lm_max_positions
+from fairseq_plugins.models.model_options import add_config_args, check_lm_context, lm_max_positions
 from fairseq_plugins.models.plugin_model import PluginModel
 
 
@@ -31,6 +31,7 @@ class MatchedTransformerDecoder(LMTrainingDecoder, TransformerDecoder):
 class MatchedTransformerLanguageModel(PluginModel, TransformerLanguageModel):
     """fairseq's ``transformer_lm`` over plain token embeddings, with the LM training options."""
 
+    language_model = True
     lm_name = "transformer_lm_matched"
     config = LMTrainingConfig
 
@@ -40,9 +41,11 @@ class MatchedTransformerLanguageModel(PluginModel, TransformerLanguageModel):
 
     @classmethod
     def build_model(cls, args, task):
+        cls.check_task(args, task)
         if getattr(args, "character_embeddings", False) or getattr(args, "adaptive_input", False):
             raise ValueError(f"{cls.lm_name} takes plain token embeddings (no --character-embeddings/--adaptive-input)")
         lm_max_positions(args, cls.lm_name)
+        check_lm_context(args, task, cls.lm_name)
         training = lm_training(args, cls.lm_name)
         embed_tokens = cls.build_embedding(args, task.source_dictionary, args.decoder_input_dim)
         return cls(cls.build_lm_decoder(training, args, task.target_dictionary, embed_tokens))

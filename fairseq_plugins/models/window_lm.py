@@ -72,6 +72,7 @@ class WindowLanguageModel(MatchedTransformerLanguageModel):
 
     @classmethod
     def build_model(cls, args, task):
+        cls.check_task(args, task)
         check_at_least(args, "attention_window", 1)
         return super().build_model(args, task)
 

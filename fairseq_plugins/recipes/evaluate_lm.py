@@ -32,6 +32,7 @@ from .tools import Tools
 
 _LOSS = re.compile(r"Loss \(base 2\): ([0-9.]+), Perplexity: ([0-9.]+)")
 _TOKENS = re.compile(r"Evaluated ([0-9,]+) tokens in ([0-9.]+)s")
+_SKIPPED = re.compile(r"([0-9]+) samples have invalid sizes and will be skipped, max_positions=([0-9]+)")
 
 
 def metric_of(cfg) -> str:
@@ -47,10 +48,19 @@ def eval_lm_flags(cfg, subset: str) -> List[str]:
 
 
 def parse(output: str) -> dict:
-    loss, tokens = _LOSS.search(output), _TOKENS.search(output)
+    """The loss, token count and speed; a loss over only part of the subset (fairseq-eval-lm
+    skips the blocks longer than the model's positions and reports a loss of 0 over 0 tokens)
+    is refused, naming the blocks skipped and the model's maximum."""
+    loss, tokens, skipped = _LOSS.search(output), _TOKENS.search(output), _SKIPPED.search(output)
+    if skipped is not None:
+        raise ValueError(f"fairseq-eval-lm skipped {skipped.group(1)} blocks longer than the model's "
+                         f"{skipped.group(2)} positions, so its loss is not the subset's: evaluate with "
+                         f"tokens-per-sample <= {skipped.group(2)}")
     if loss is None or tokens is None:
         raise ValueError(f"no loss line in fairseq-eval-lm's output:\n{output[-3000:]}")
     count = int(tokens.group(1).replace(",", ""))
+    if count == 0:
+        raise ValueError("fairseq-eval-lm scored 0 tokens: the subset is empty")
     return {"loss_base2": float(loss.group(1)), "tokens": count,
             "tokens_per_second": count / max(float(tokens.group(2)), 1e-9)}
 

@@ -23,6 +23,7 @@ from ..command_line import command_parser
 from .data import classification, iwslt, language_modeling, multi30k, wmt, wmt_slowfast_variants
 from .data.common import prepare
 from .data.download import DEFAULT_CACHE
+from .data.readers import BadRawData
 from .data.text_processing import ZH_SEGMENTATIONS
 
 CORPORA = {**wmt.CORPORA, **wmt_slowfast_variants.CORPORA, **iwslt.CORPORA, **multi30k.CORPORA,
@@ -73,14 +74,18 @@ def check_training_size(corpus: str, pairs: int, recipe, allowed: bool) -> None:
 
 def main(argv=None) -> Path:
     args = build_parser().parse_args(argv)
+    try:
+        return _prepare(args)
+    except (classification.RawFilesMissing, BadRawData) as err:  # the message is all there is to say
+        sys.exit(str(err))
+
+
+def _prepare(args) -> Path:
     if args.raw_dir is not None and not args.raw_dir.is_dir() and args.corpus != "text":
         sys.exit(f"--raw-dir {args.raw_dir} is not a directory")
     if args.corpus in classification.CORPORA:  # word-level sentence_prediction / sequence_tagging layout
-        try:
-            return classification.prepare(args.corpus, args.raw_dir, args.cache_dir, args.out,
-                                          binarize=not args.no_binarize, workers=args.workers)
-        except classification.RawFilesMissing as err:
-            sys.exit(str(err))
+        return classification.prepare(args.corpus, args.raw_dir, args.cache_dir, args.out,
+                                      binarize=not args.no_binarize, workers=args.workers)
     if args.corpus in LM_CORPORA:
         given = [name for name in TRANSLATION_ONLY if getattr(args, name) not in (None, [])]
         if given:

@@ -106,6 +106,20 @@ class DocumentTranslationTask(TranslationTask):
         """fairseq's BPE, applied to each ``<s>``-separated sentence of raw input."""
         return self._separated(super().build_bpe(args))
 
+    def get_interactive_tokens_and_lengths(self, lines, encode_fn):
+        """fairseq-interactive's lines, less those with no sentence to translate after the last
+        ``<s>`` (an empty line, or context alone): the model would invent a translation of nothing.
+        Each is skipped with a warning and the session goes on."""
+        separator = self.src_dict[self.sentence_separator]
+        kept = []
+        for line in lines:
+            if line.rsplit(separator, 1)[-1].strip():
+                kept.append(line)
+            else:
+                logger.warning(f"skipped an input line with no sentence to translate after its last {separator}: "
+                               f"{line!r}")
+        return super().get_interactive_tokens_and_lengths(kept, encode_fn)
+
     def _separated(self, encoder):
         return None if encoder is None else SentenceSeparated(encoder, self.src_dict[self.sentence_separator])
 

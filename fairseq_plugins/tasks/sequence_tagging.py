@@ -34,6 +34,7 @@ from fairseq.data import (
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
 
+from fairseq_plugins.data.labels import check_known
 from fairseq_plugins.tasks.tagging_scores import SCHEMES, f1, span_counts
 
 logger = logging.getLogger(__name__)
@@ -84,6 +85,7 @@ class SequenceTaggingTask(FairseqTask):
 
         words = load("input0", self.dictionary)
         tags = load("label", self._label_dictionary)
+        check_known(tags, self._label_dictionary, os.path.join(self.cfg.data, "label", split))
         if len(words) != len(tags) or not np.array_equal(words.sizes, tags.sizes):
             pairs = enumerate(zip(words.sizes, tags.sizes))
             bad = next((i for i, (a, b) in pairs if a != b), min(len(words), len(tags)))

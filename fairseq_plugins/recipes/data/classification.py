@@ -26,6 +26,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from .binarize import fairseq_preprocess_only_source
 from .download import Archive, find_file, locate
 from .progress import log
+from .readers import BadRawData
 
 CHECKSUM_SOURCE = "HuggingFace datasets' dataset_infos.json for this archive"
 # (url, sha256, bytes): the values of huggingface/datasets, datasets/{sst,imdb,snli}/dataset_infos.json.
@@ -286,16 +287,41 @@ def tokenize(text: str) -> str:
     return MosesTokenizer(lang="en").tokenize(text, escape=False, return_str=True)
 
 
+def write_label_dictionary(corpus: Corpus, tagging: bool, path: Path) -> List[str]:
+    """The label (tag) dictionary fairseq-preprocess would build from train, plus the labels only
+    other splits have: built from train alone, those would be binarized as <unk>, a target of -1
+    (an IndexError after a whole epoch, or a score that counts them wrong without a word). Its order
+    is fairseq's (count in train, ties alphabetical, padded to a multiple of 8), so a corpus whose
+    labels all occur in train gets the dictionary it always had. Returns the labels, sorted."""
+    from fairseq.data import Dictionary
+
+    def labels_of(example):
+        return example.label.split() if tagging else [example.label]
+
+    dictionary = Dictionary()
+    for example in corpus.splits["train"]:
+        for label in labels_of(example):
+            dictionary.add_symbol(label)
+    every = {label for examples in corpus.splits.values() for ex in examples for label in labels_of(ex)}
+    for label in sorted(every - set(dictionary.symbols)):
+        dictionary.add_symbol(label, n=0)
+    dictionary.finalize(threshold=-1, padding_factor=8)
+    dictionary.save(str(path))
+    return sorted(every)
+
+
 def write_corpus(name: str, corpus: Corpus, out: Path, binarize: bool = True, workers: int = 1) -> Path:
     """input0/ (input1/) and label/ text per split under out/text, then fairseq-preprocess."""
     tagging = name in TAGGING
     pretokenized = tagging or name.startswith("sst5")  # treebank and CoNLL words are tokens already
+    empty = [split for split, examples in corpus.splits.items() if not examples]
+    if empty:
+        raise BadRawData(f"{name}: the {empty[0]} split is empty")
     text_dir = out / "text"
     text_dir.mkdir(parents=True, exist_ok=True)
+    labels = write_label_dictionary(corpus, tagging, text_dir / "label.dict.txt")
     pairs = any(ex.text2 is not None for exs in corpus.splits.values() for ex in exs)
     for split, examples in corpus.splits.items():
-        if not examples:
-            raise ValueError(f"{name}: the {split} split is empty")
         columns = {"input0": [ex.text for ex in examples], "label": [ex.label for ex in examples]}
         if pairs:
             columns["input1"] = [ex.text2 or "" for ex in examples]
@@ -305,8 +331,6 @@ def write_corpus(name: str, corpus: Corpus, out: Path, binarize: bool = True, wo
         for key, lines in columns.items():
             (text_dir / f"{split}.{key}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
         log(f"{name} {split}: {len(examples):,} examples")
-    every = [ex for exs in corpus.splits.values() for ex in exs]
-    labels = sorted({t for ex in every for t in ex.label.split()} if tagging else {ex.label for ex in every})
     meta = {"corpus": name, "task": "sequence_tagging" if tagging else "sentence_prediction",
             "origin": corpus.origin, "pairs": pairs, "labels": labels, "num_classes": len(labels),
             "examples": {s: len(e) for s, e in corpus.splits.items()}, **corpus.extra}
@@ -316,7 +340,7 @@ def write_corpus(name: str, corpus: Corpus, out: Path, binarize: bool = True, wo
         _preprocess(text_dir, out / "input0", "input0", splits, workers)
         if pairs:
             _preprocess(text_dir, out / "input1", "input1", splits, workers, srcdict=out / "input0" / "dict.txt")
-        _preprocess(text_dir, out / "label", "label", splits, workers)
+        _preprocess(text_dir, out / "label", "label", splits, workers, srcdict=text_dir / "label.dict.txt")
     log(f"done: {out}")
     return out
 

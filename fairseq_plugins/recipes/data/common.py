@@ -23,6 +23,7 @@ from typing import Dict, List, Optional, Sequence
 from .binarize import fairseq_preprocess
 from .bpe import apply_bpe, init_bpe, learn_bpe
 from .progress import log, map_lines
+from .readers import BadRawData
 from .text_processing import TextProcessor, strip_romanian
 
 
@@ -110,6 +111,10 @@ def prepare(name: str, splits: Dict[str, Split], recipe: Recipe, out: Path,
         raise ValueError("a 'train' split is required")
     if recipe.valid_every and "valid" in splits:
         raise ValueError("give either a 'valid' split or valid_every, not both")
+    empty = [split for split, data in splits.items() if not data.src]
+    if empty:  # fairseq would write an empty .bin that training cannot open ("cannot mmap an empty file")
+        raise BadRawData(f"{name}: the {empty[0]} split is empty" +
+                         (f" ({splits[empty[0]].origin})" if splits[empty[0]].origin else ""))
     out.mkdir(parents=True, exist_ok=True)
     text_dir = out / "text"
     text_dir.mkdir(exist_ok=True)

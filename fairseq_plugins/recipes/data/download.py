@@ -19,6 +19,7 @@ import requests  # pooch's HTTP client: its errors are requests' own
 from ...command_line import CommandError
 from ...resources import cache_root
 from .progress import Progress, log
+from .readers import DAMAGED_ARCHIVE, damaged
 
 DEFAULT_CACHE = cache_root() / "raw"  # $FAIRSEQ_PLUGINS_CACHE/raw, as read when the command starts
 TIMEOUT_S = 60  # for the connection and between two reads: a stalled server is left, not waited on forever
@@ -109,6 +110,15 @@ def _extract(archive: Path, into: Path) -> None:
     into.mkdir(parents=True, exist_ok=True)
     name = archive.name
     log(f"extracting {name}")
+    try:
+        _unpack(archive, into)
+    except (*DAMAGED_ARCHIVE, tarfile.ReadError, zipfile.BadZipFile) as err:
+        shutil.rmtree(into)  # no half-unpacked members for the next run to find
+        raise damaged(archive, err) from err
+
+
+def _unpack(archive: Path, into: Path) -> None:
+    name = archive.name
     if name.endswith((".tgz", ".tar.gz", ".tar")):
         with tarfile.open(archive) as tar:
             tar.extractall(into, filter="data")

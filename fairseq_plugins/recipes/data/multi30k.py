@@ -9,7 +9,7 @@ from typing import Optional, Sequence
 
 from .common import Recipe, Split
 from .download import Archive, locate
-from .readers import read_plain
+from .readers import read_parallel
 
 # A commit of github.com/multi30k/dataset (its master on 2026-07-07; data/task1/raw last changed in
 # c9be912, 2018-01-17), not the moving branch: the files below are fixed by the commit's hash.
@@ -34,7 +34,7 @@ def multi30k_en_de(raw_dir: Optional[Path], cache_dir: Path, extra: Sequence[Pat
     if extra:
         raise ValueError("multi30k-en-de takes no --extra-parallel corpora")
     files = locate(FILES, raw_dir, cache_dir)
-    splits = {split: Split(read_plain(files[f"{name}.en"]), read_plain(files[f"{name}.de"]))
+    splits = {split: Split(*read_parallel(files[f"{name}.en"], files[f"{name}.de"], f"the {split} split"))
               for split, name in SPLITS.items()}
     return splits, Recipe("en", "de", bpe_merges=8000, clean_max_len=250, clean_ratio=9.0)
 

@@ -4,8 +4,22 @@ format has one."""
 
 import gzip
 import re
+import zlib
 from pathlib import Path
-from typing import List, Sequence
+from typing import List, Sequence, Tuple
+
+# what a truncated or damaged .gz, .tar(.gz) or .zip raises while it is read
+DAMAGED_ARCHIVE = (EOFError, zlib.error, gzip.BadGzipFile)
+
+
+class BadRawData(ValueError):
+    """Raw files that cannot make a data-bin (damaged, misaligned, empty): the message names the
+    file or split and is all the user sees."""
+
+
+def damaged(path: Path, err: Exception) -> BadRawData:
+    return BadRawData(f"{path} is truncated or damaged ({type(err).__name__}: {err}); delete it and download "
+                      "or copy it again")
 
 
 def _open_text(path: Path):
@@ -16,8 +30,20 @@ def _open_text(path: Path):
 
 def read_plain(path: Path) -> List[str]:
     """One sentence per line (Europarl, CommonCrawl, News Commentary, Multi30K, ...)."""
-    with _open_text(path) as fh:
-        return [line.rstrip("\n").strip() for line in fh]
+    try:
+        with _open_text(path) as fh:
+            return [line.rstrip("\n").strip() for line in fh]
+    except DAMAGED_ARCHIVE as err:
+        raise damaged(path, err) from err
+
+
+def read_parallel(src: Path, tgt: Path, what: str) -> Tuple[List[str], List[str]]:
+    """The two sides of ``what`` (a split, a corpus), which must have a line each per pair."""
+    s, t = read_plain(src), read_plain(tgt)
+    if len(s) != len(t):
+        raise BadRawData(f"{what}: {src} has {len(s):,} lines but {tgt} has {len(t):,}; the two sides must be "
+                         "aligned line by line")
+    return s, t
 
 
 _DOC_RE = re.compile(r'<doc\s[^>]*docid="([^"]*)"', re.IGNORECASE)

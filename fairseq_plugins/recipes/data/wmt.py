@@ -9,7 +9,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from .common import Recipe, Split
 from .download import Archive, locate
-from .readers import read_plain
+from .readers import read_parallel
 from .sacrebleu_sets import sacrebleu_split
 
 STATMT = "http://www.statmt.org"
@@ -44,10 +44,7 @@ SETIMES2 = Archive("https://object.pouta.csc.fi/OPUS-SETIMES/v2/moses/en-ro.txt.
 
 
 def _plain_pair(files, prefix: str, src: str, tgt: str) -> Tuple[List[str], List[str]]:
-    s, t = read_plain(files[f"{prefix}.{src}"]), read_plain(files[f"{prefix}.{tgt}"])
-    if len(s) != len(t):
-        raise ValueError(f"{prefix}: {len(s)} {src} lines vs {len(t)} {tgt} lines")
-    return s, t
+    return read_parallel(files[f"{prefix}.{src}"], files[f"{prefix}.{tgt}"], prefix)
 
 
 def _training(files, prefixes: Sequence[str], src: str, tgt: str) -> Tuple[List[str], List[str]]:
