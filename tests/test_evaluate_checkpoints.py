@@ -60,3 +60,11 @@ def test_the_command_refuses_in_one_line(row, tmp_path):
         evaluate.main([ref, "--checkpoint", str(tmp_path / "a.pt")])
     with pytest.raises(SystemExit, match=r"does not exist: train first"):
         evaluate.main([ref, "--runs-dir", str(tmp_path / "runs")])
+
+
+def test_no_bleu_over_an_empty_test_set(tmp_path):
+    (tmp_path / "prep.json").write_text('{"target_lang": "de", "lowercase": false, "corpus": "x"}')
+    (tmp_path / "test.raw.de").write_text("")
+    with pytest.raises(ConfigError, match="test.raw.de holds no sentence"):
+        evaluate.score("", tmp_path, "test", tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -77,6 +77,8 @@ def score(generate_out: str, data: Path, subset: str, out_dir: Path, tokenize: O
     raw_ref = data / f"{subset}.raw.{tgt}"
     tok_ref_bpe = data / "text" / f"{subset}.{tgt}"
     references = raw_ref.read_text(encoding="utf-8").splitlines()
+    if not references:
+        raise ConfigError(f"{raw_ref} holds no sentence: BLEU over nothing is no score (prepare the data again)")
     hyps = read_hypotheses(generate_out)
     if sorted(hyps) != list(range(len(references))):
         raise ValueError(f"fairseq-generate produced {len(hyps)} hypotheses for {len(references)} "
