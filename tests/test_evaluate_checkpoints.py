@@ -1,6 +1,6 @@
 """fairseq-plugins-evaluate scores exactly the checkpoints the user names: --checkpoint as given
-(once per seed for a row with seeds), else the row's runs under --runs-dir by run key, never other
-folders beside a checkpoint; a checkpoint of another model is refused before any scoring."""
+(one, or several for a row with seeds), else the row's runs under --runs-dir by run key, never
+other folders beside a checkpoint; a checkpoint of another model is refused before any scoring."""
 
 from pathlib import Path
 
@@ -26,11 +26,14 @@ def row(tmp_path):
     return evaluate.load_config(one_row_table(tmp_path / "t.yaml", metric="accuracy", **CLASSIFIER))
 
 
-def test_given_checkpoints_are_used_as_given_one_per_seed(row, tmp_path):
+def test_given_checkpoints_are_used_as_given(row, tmp_path):
     given = [tmp_path / f"seed{i}.pt" for i in range(3)]
     assert evaluate.row_checkpoints(row, tmp_path / "runs", given) == given
-    with pytest.raises(ConfigError, match=r"scores 3 checkpoint\(s\) \(one per seed\), got --checkpoint 1 time"):
-        evaluate.row_checkpoints(row, tmp_path / "runs", given[:1])
+    assert evaluate.row_checkpoints(row, tmp_path / "runs", given[:1]) == given[:1]  # a seeds row: X only
+    translation = evaluate.load_config(one_row_table(
+        tmp_path / "mt.yaml", data="wmt", arch="transformer", gpus=1, average_last=0, task={"task": "translation"}))
+    with pytest.raises(ConfigError, match="scores one checkpoint, got --checkpoint 2 times"):
+        evaluate.row_checkpoints(translation, tmp_path / "runs", given[:2])
 
 
 def test_without_checkpoints_the_runs_are_found_by_their_keys(row, tmp_path):
@@ -56,7 +59,7 @@ def test_a_checkpoint_of_another_model_is_refused_before_scoring(row, tmp_path, 
 
 def test_the_command_refuses_in_one_line(row, tmp_path):
     ref = f"{tmp_path / 't.yaml'}:tiny"
-    with pytest.raises(SystemExit, match=r"^fairseq-plugins-evaluate: test-table/tiny scores 3 checkpoint"):
+    with pytest.raises(SystemExit, match=r"^fairseq-plugins-evaluate: .*a.pt does not exist"):
         evaluate.main([ref, "--checkpoint", str(tmp_path / "a.pt")])
     with pytest.raises(SystemExit, match=r"does not exist: train first"):
         evaluate.main([ref, "--runs-dir", str(tmp_path / "runs")])

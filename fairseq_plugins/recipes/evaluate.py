@@ -3,7 +3,7 @@
 
     fairseq-plugins-evaluate bpt-table7:bpt-k4                    # averages, generates, scores
     fairseq-plugins-evaluate ROW --checkpoint path/to/checkpoint.pt   # exactly that checkpoint
-    fairseq-plugins-evaluate bpt-table1:bpt-sst5 --checkpoint s1.pt ... --checkpoint s10.pt   # one per seed
+    fairseq-plugins-evaluate bpt-table1:bpt-sst5 --checkpoint s1.pt ... --checkpoint s10.pt   # their mean
 
 Without ``--checkpoint`` the row's runs are found under ``--runs-dir`` by their run keys (one per
 seed for a row with ``seeds``), and the averaged (``average_last``) or best checkpoint of each is scored.
@@ -129,16 +129,14 @@ def checkpoint_for(cfg, run_dir: Path) -> Path:
 
 
 def row_checkpoints(cfg, runs_dir: Path, given: List[Path]) -> List[Path]:
-    """What a row scores: the checkpoints given (one, or one per seed), else its runs' under ``runs_dir``
-    by run key (every seed's for classifiers and taggers, the last seed's for the other tasks)."""
+    """What a row scores: the checkpoints given, exactly (classifiers and taggers: one or more, e.g. one
+    per seed, scored as their mean; the other tasks: one), else its runs' under ``runs_dir`` by run key
+    (every seed's for classifiers and taggers, the last seed's for the other tasks)."""
     runs = seed_configs(cfg)
     every_seed = cfg["task"].get("task") in evaluate_classification.TASKS
-    wanted = len(runs) if every_seed else 1
     if given:
-        if len(given) != wanted:
-            each = "one per seed" if wanted > 1 else "one"
-            raise ConfigError(f"{cfg['name']} scores {wanted} checkpoint(s) ({each}), got --checkpoint "
-                              f"{len(given)} time(s); or give none to use {runs_dir}/<run key>")
+        if len(given) > 1 and not every_seed:
+            raise ConfigError(f"{cfg['name']} scores one checkpoint, got --checkpoint {len(given)} times")
         return list(given)
     return [checkpoint_path(run, runs_dir / run_key(run)) for run in (runs if every_seed else runs[-1:])]
 
@@ -216,7 +214,8 @@ def main(argv=None) -> dict:
     p.add_argument("--runs-dir", type=Path, default=Path("runs"),
                    help="where the row's runs are, by run key (when no --checkpoint is given)")
     p.add_argument("--checkpoint", type=Path, action="append", default=[],
-                   help="the checkpoint to score, used as given; a row with seeds: once per seed")
+                   help="the checkpoint to score, used as given (classifiers and taggers: repeat it to score "
+                        "the mean of several, e.g. one per seed)")
     p.add_argument("--subset", default="test", help="the split to score")
     p.add_argument("--results-dir", type=Path, default=Path("results"), help="results/<table>/<row id>.json")
     args = p.parse_args(ours)
