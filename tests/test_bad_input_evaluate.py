@@ -11,10 +11,11 @@ from tests.test_bad_input_hub import classifier, rebinarized_labels  # noqa: F40
 
 @pytest.mark.slow
 def test_the_evaluation_writes_no_result_for_a_refused_context(enwik8_bin, tiny_lm, tmp_path):
-    cfg = {"name": "lm/tiny_window_lm", "table": "t", "row": "r", "column": "c", "data": "enwik8",
-           "task": {"task": "language_modeling"}, "evaluate": {"tokens-per-sample": int(LONGER), "max-tokens": 1024}}
+    cfg = {"name": "lm/tiny_window_lm", "table": "t", "id": "tiny", "row": "r", "column": "c", "data": "enwik8",
+           "arch": "window_lm", "task": {"task": "language_modeling"},
+           "evaluate": {"tokens-per-sample": int(LONGER), "max-tokens": 1024}}
     with pytest.raises(RuntimeError, match="longer than the 64 positions window_lm was trained with"):
-        evaluate(cfg, enwik8_bin, tiny_lm("window_lm") / "checkpoint_last.pt", "test", tmp_path / "results")
+        evaluate(cfg, enwik8_bin, [tiny_lm("window_lm") / "checkpoint_last.pt"], "test", tmp_path / "results")
     assert not (tmp_path / "results").exists()
 
 
