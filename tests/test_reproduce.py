@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from fairseq_plugins import resources
 from fairseq_plugins.recipes import reproduce_table
 from fairseq_plugins.recipes.config import load_tables, run_key, seed_configs
 
@@ -95,13 +96,12 @@ def test_a_dry_run_needs_no_fairseq_and_a_real_run_stops_in_one_line(tmp_path):
     proc = _cli("bpt-table7", "--dry-run", **bare)
     assert proc.returncode == 0 and not proc.stderr, proc.stderr
     notes = [line for line in proc.stdout.splitlines() if line.startswith("note: ")]
-    assert notes == ["note: fairseq-generate, fairseq-train not found on PATH (a real run stops there): "
-                     "install fairseq with the plugin's fixes: fairseq-plugins-install-fairseq"]
+    install = f"install fairseq with the plugin's fixes: {resources.setup_command()}"  # this copy's command
+    assert notes == [f"note: fairseq-generate, fairseq-train not found on PATH (a real run stops there): {install}"]
     real = _cli("bpt-table7", "--gpus", "0", "--stages", "train", "--data-root", str(tmp_path), **bare)
     assert real.returncode != 0 and "Traceback" not in real.stderr
     assert real.stderr.strip().splitlines() == [
-        "fairseq-plugins-reproduce: fairseq-train not found on PATH: install fairseq with the plugin's fixes: "
-        "fairseq-plugins-install-fairseq"]
+        f"fairseq-plugins-reproduce: fairseq-train not found on PATH: {install}"]
 
 
 def test_more_gpus_than_visible_are_refused_before_any_work(tmp_path):

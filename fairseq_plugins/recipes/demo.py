@@ -35,8 +35,7 @@ from typing import Dict, List, Optional
 
 import yaml
 
-from ..command_line import command_parser
-from ..command_line import import_extra
+from ..command_line import command_parser, import_extra
 from .config import CONFIG_DIR, USER_DIR, to_flags
 from .data.common import prepare
 from .data.download import DEFAULT_CACHE
@@ -44,6 +43,7 @@ from .data.multi30k import multi30k_en_de
 from .demo_progress import DemoProgress, clock
 from .evaluate import generate, score
 from .lm_study import markdown as lm_markdown, parser as lm_parser, run_study
+from .tools import Tools
 from .train_log import epoch_summaries, model_params, progress
 
 # --lm: lm_study at a smaller scale (its other settings are lm_study's defaults)
@@ -189,10 +189,7 @@ class UpdateTimer:
 def train_command(entry: dict, cfg: dict, data: Path, save_dir: Path, updates: Optional[int],
                   seconds: Optional[float], gpu: bool, log_interval: int) -> List[str]:
     """fairseq-train for one row: stops after ``updates`` (if any) or ``seconds`` (if any)."""
-    exe = shutil.which("fairseq-train")
-    if exe is None:
-        raise RuntimeError("fairseq-train not found on PATH: install fairseq with fairseq-plugins-install-fairseq")
-    return [exe, str(data), "--user-dir", str(USER_DIR), "--arch", entry["arch"],
+    return [Tools()("fairseq-train"), str(data), "--user-dir", str(USER_DIR), "--arch", entry["arch"],
             *to_flags({**cfg["model"], **entry.get("model", {})}), *to_flags(cfg["train"]),
             "--seed", str(cfg["seed"]), "--save-dir", str(save_dir), "--no-epoch-checkpoints",
             "--log-format", "simple", "--log-interval", str(log_interval), "--num-workers", "0",

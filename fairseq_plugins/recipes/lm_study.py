@@ -44,6 +44,7 @@ from ..command_line import command_parser
 from .config import USER_DIR
 from .data import language_modeling
 from .evaluate_lm import parse as parse_eval_lm
+from .tools import Tools
 from .train_log import model_params, progress
 
 CORPUS = "Python Language Reference topics (pydoc_data.topics, shipped with CPython; PSF License)"
@@ -85,10 +86,7 @@ def model_flags(args) -> Dict[str, List[str]]:
 
 
 def _exe(name: str) -> str:
-    exe = shutil.which(name)
-    if exe is None:
-        raise RuntimeError(f"{name} not found on PATH: install fairseq with fairseq-plugins-install-fairseq")
-    return exe
+    return Tools()(name)
 
 
 def train_round(data: Path, save_dir: Path, flags: List[str], args, until: int) -> dict:

@@ -7,8 +7,13 @@ run stops with one line saying how to install it, before any work starts.
 import shutil
 from typing import Dict, Set
 
+from ..resources import setup_command
+
 INSTALL = {"torchrun": "it comes with torch (pip install torch)"}
-_DEFAULT_INSTALL = "install fairseq with the plugin's fixes: fairseq-plugins-install-fairseq"
+
+
+def _install(name: str) -> str:
+    return INSTALL.get(name) or f"install fairseq with the plugin's fixes: {setup_command()}"
 
 
 class MissingTool(RuntimeError):
@@ -28,7 +33,7 @@ class Tools:
             path = shutil.which(name)
             if path is None:
                 if not self.dry_run:
-                    raise MissingTool(f"{name} not found on PATH: {INSTALL.get(name, _DEFAULT_INSTALL)}")
+                    raise MissingTool(f"{name} not found on PATH: {_install(name)}")
                 self.missing.add(name)
             self._found[name] = path or name
         return self._found[name]
@@ -38,5 +43,5 @@ class Tools:
         if not self.missing:
             return ""
         names = ", ".join(sorted(self.missing))
-        hints = sorted({INSTALL.get(n, _DEFAULT_INSTALL) for n in self.missing})
+        hints = sorted({_install(n) for n in self.missing})
         return f"note: {names} not found on PATH (a real run stops there): {'; '.join(hints)}"
