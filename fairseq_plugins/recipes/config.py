@@ -253,13 +253,7 @@ def _resolve_table(path: Path) -> Dict[str, Any]:
 def load_tables() -> Dict[str, Dict[str, Any]]:
     """Every shipped table by id: title, metric, columns, ``rows`` (labels in order; rows the paper
     reports and we do not rerun as {row, reported, why}) and ``configs`` (its resolved rows)."""
-    tables: Dict[str, Dict[str, Any]] = {}
-    for path in table_files():
-        table = _resolve_table(path)
-        if table["table"] in tables:
-            raise ConfigError(f"{path}: table {table['table']} is also {tables[table['table']]['file']}")
-        tables[table["table"]] = table
-    return tables
+    return {table_id: _resolve_table(path) for table_id, path in sorted(table_ids().items())}
 
 
 def load_table(table: str) -> Dict[str, Any]:
@@ -272,10 +266,24 @@ def load_table(table: str) -> Dict[str, Any]:
                 raise ConfigError(f"{table}: no such table file")
             path = shipped
         return _resolve_table(path)
-    tables = load_tables()
-    if table not in tables:
-        raise ConfigError(f"unknown table {table!r}; known: {', '.join(sorted(tables))}")
-    return tables[table]
+    by_id = table_ids()
+    if table not in by_id:
+        raise ConfigError(f"unknown table {table!r}; known: {', '.join(sorted(by_id))}")
+    return _resolve_table(by_id[table])
+
+
+def table_ids() -> Dict[str, Path]:
+    """Every shipped table's id and file, read without resolving the tables."""
+    by_id: Dict[str, Path] = {}
+    for path in table_files():
+        spec = yaml.safe_load(path.read_text(encoding="utf-8"))
+        table = spec.get("table") if isinstance(spec, dict) else None
+        if not isinstance(table, str):
+            raise ConfigError(f"{path}: key table: the table's id is missing")
+        if table in by_id:
+            raise ConfigError(f"{path}: table {table} is also {by_id[table]}")
+        by_id[table] = path
+    return by_id
 
 
 def load_config(ref: str) -> Dict[str, Any]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import List
 
 from ..command_line import command_parser
-from .config import load_table, load_tables
+from .config import load_table, table_ids
 
 METRIC_NAMES = {"sacrebleu": "SacreBLEU", "tokenized": "tok. BLEU", "bpc": "bpc", "ppl": "ppl", "accuracy": "Acc.",
                 "f1": "F1"}
@@ -84,7 +84,7 @@ def render(table_id: str, results_dir: Path) -> str:
 
 def main(argv=None) -> str:
     p = command_parser(description=__doc__)
-    p.add_argument("table", choices=sorted(load_tables()), help="the table's id")
+    p.add_argument("table", choices=sorted(table_ids()), help="the table's id")
     p.add_argument("--results-dir", type=Path, default=Path("results"), help="where fairseq-plugins-evaluate wrote")
     p.add_argument("--out", type=Path, help="default: <results-dir>/<table>.md")
     args = p.parse_args(argv)
