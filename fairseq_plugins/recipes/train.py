@@ -6,7 +6,7 @@
     fairseq-plugins-train ROW -- --max-update 100                        # extra fairseq-train flags
 
 ROW is ``TABLE:ROW_ID``: a table's id or the path of a table file, and the row's id
-(``fairseq-plugins-reproduce TABLE --list-rows`` lists them).
+(``fairseq-plugins-reproduce TABLE --list`` lists them).
 
 The paper's batch is kept on fewer devices by scaling ``--update-freq`` (config ``gpus``), unless
 ``--update-freq N`` is given.
