@@ -141,6 +141,12 @@ def row_checkpoints(cfg, runs_dir: Path, given: List[Path]) -> List[Path]:
     return [checkpoint_path(run, runs_dir / run_key(run)) for run in (runs if every_seed else runs[-1:])]
 
 
+def trained_checkpoints(cfg, runs_dir: Path) -> List[Path]:
+    """The row's checkpoints in its runs under ``runs_dir``, averaged first where the row averages
+    (a run folder that does not exist is left as its path, for the caller to name)."""
+    return [checkpoint_for(cfg, c.parent) if c.parent.is_dir() else c for c in row_checkpoints(cfg, runs_dir, [])]
+
+
 def check_checkpoint(cfg, checkpoint: Path) -> None:
     """Refuse a checkpoint that is not the row's model: another architecture, or another number of
     classes (a classifier scored against the wrong label set reads as a low accuracy, not an error)."""
@@ -221,11 +227,9 @@ def main(argv=None) -> dict:
     args = p.parse_args(ours)
     try:
         cfg = load_config(args.config)
-        given = row_checkpoints(cfg, args.runs_dir, args.checkpoint)
+        given = row_checkpoints(cfg, args.runs_dir, args.checkpoint) if args.checkpoint else \
+            trained_checkpoints(cfg, args.runs_dir)
         data = args.data or default_data_dir(cfg)
-        if not args.checkpoint:
-            run_dirs = [c.parent for c in given]
-            given = [checkpoint_for(cfg, d) if d.is_dir() else c for c, d in zip(given, run_dirs)]
         missing = [str(c) for c in given if not c.exists()]
         if missing:
             raise ConfigError(f"{', '.join(missing)} does not exist: train first (fairseq-plugins-train {args.config})")

@@ -214,10 +214,7 @@ def _main(p: argparse.ArgumentParser, args, extra: List[str]) -> str:
                     print(f"  values of {row['table']}:{row['id']} ({row['row']} | {row['column']}):")
                     print("\n".join(explain(row)))
             if not dry_run:
-                import subprocess
-
-                save_dir.mkdir(parents=True, exist_ok=True)
-                subprocess.run(command, check=True)
+                train.run_command(command, save_dir)
         if "evaluate" in stages and args.node_rank == 0:  # the other nodes only trained
             for row in rows:
                 if run_key(seed_configs(row)[-1]) != key:
@@ -229,9 +226,8 @@ def _main(p: argparse.ArgumentParser, args, extra: List[str]) -> str:
                 plan = evaluation_plan(row, data, args.runs_dir, args.results_dir, gpus == 0, tools)
                 print("\n".join("  " + line for line in plan), flush=True)
                 if not dry_run:
-                    checkpoints = [evaluate.checkpoint_for(row, c.parent)
-                                   for c in evaluate.row_checkpoints(row, args.runs_dir, [])]
-                    evaluate.evaluate(row, data, checkpoints, "test", args.results_dir)
+                    evaluate.evaluate(row, data, evaluate.trained_checkpoints(row, args.runs_dir), "test",
+                                      args.results_dir)
     if "table" in stages and args.node_rank == 0:
         print(f"fairseq-plugins-results-table {table['table']} --results-dir {args.results_dir}", flush=True)
     if tools.report():

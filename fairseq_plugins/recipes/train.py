@@ -69,6 +69,12 @@ def build_command(cfg, data: Path, save_dir: Path, gpus_per_node: int, nnodes: i
     return cmd
 
 
+def run_command(cmd: List[str], save_dir: Path) -> None:
+    """Run a fairseq-train command into its run folder (fairseq resumes from checkpoint_last.pt there)."""
+    save_dir.mkdir(parents=True, exist_ok=True)
+    subprocess.run(cmd, check=True)
+
+
 def update_freq_arg(value: str) -> Optional[int]:
     """``auto`` (None: keep the paper's batch) or a positive number of batches per update."""
     if value == "auto":
@@ -135,8 +141,7 @@ def main(argv=None) -> Path:
             sys.exit(f"fairseq-plugins-train: {err}")
         print(shlex.join(cmd), flush=True)
         if not args.dry_run:
-            save_dir.mkdir(parents=True, exist_ok=True)
-            subprocess.run(cmd, check=True)
+            run_command(cmd, save_dir)
     if tools.report():
         print(tools.report(), flush=True)
     return save_dir
