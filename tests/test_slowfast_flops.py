@@ -91,3 +91,13 @@ def test_reproduce_prints_a_measured_table(tmp_path, capsys):
     assert f"| Tiny | 1.00 | {result['gflops']:.2f} | encoder, forward of one pair" in text
     assert "| Not built | 2.00 | - | because |" in text
     assert "training runs" not in capsys.readouterr().out
+
+
+def test_table8_dry_run_measures_every_row_and_trains_nothing(tmp_path, capsys):
+    reproduce_table.main(["slowfast-table8", "--dry-run", "--results-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert out.startswith("slowfast-table8: 4 rows measured in-process (flops), nothing trained")
+    for row in ("baseline-base", "transformer-base", "baseline-big", "transformer-big"):
+        assert f"# -> {tmp_path}/slowfast-table8/{row}.json" in out
+    assert "fairseq-train" not in out and "--no-fast-branch --no-slow-word-graph on 30 -> 30 subwords" in out
+    assert not (tmp_path / "slowfast-table8").exists()

@@ -232,7 +232,8 @@ def _resolve_table(path: Path) -> Dict[str, Any]:
             row_id = _fill(raw["id"], flat, row_where)
             if not _ROW_ID.fullmatch(row_id):
                 raise ConfigError(f"{row_where}: id {row_id!r} must be lower case letters, digits and ._+-")
-            cfg.update(paper=spec["paper"], table=spec["table"], id=row_id, name=f"{spec['table']}/{row_id}",
+            cfg.update(paper=spec["paper"], table=spec["table"], measure=spec["measure"], id=row_id,
+                       name=f"{spec['table']}/{row_id}",
                        row=_fill(raw["row"], flat, row_where),
                        column=_fill(raw.get("column"), flat, row_where) or spec["columns"][0],
                        reported=reported, note=raw.get("note") or spec.get("note"),

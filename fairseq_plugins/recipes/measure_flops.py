@@ -7,10 +7,12 @@ The row's ``evaluate`` section describes the sentence (``source-length`` subword
 ``letters-per-subword`` letters, so the fast branch reads ``letters-per-subword + 1``
 characters per subword with the word-end "_") and the vocabulary (``dictionary-size``
 symbols, the output layer's size); ``part`` says whether the number is the whole model's
-(default), the encoder's or the decoder's (the others are in the row's note). torch counts 2 FLOPs per multiply-add of the matrix
-products (linear layers, attention's batched products, convolutions); element-wise work
-(softmax, norms, activations) and embedding look-ups count nothing. Only the forward pass is
-counted (``backward: true`` adds the backward pass of the summed logits).
+(default), the encoder's or the decoder's (the others are in the row's note).
+
+torch counts 2 FLOPs per multiply-add of the matrix products (linear layers, attention's
+batched products, convolutions); element-wise work (softmax, norms, activations) and
+embedding look-ups count nothing. Only the forward pass is counted (``backward: true`` adds
+the backward pass of the summed logits).
 """
 
 import argparse
