@@ -96,7 +96,11 @@ def test_gated_rk2_adds_one_gate_per_branch_and_trains_it():
     gated.train()
     src = _batch(d, ["a swi@@ ss bicy@@ cle runs", "the dog"])
     gated.encoder(src)["encoder_out"][0].sum().backward()
-    assert all(g.linear.weight.grad.abs().sum() > 0 for g in gated.encoder.ode_gates)
+    assert all(g.linear.weight.grad.abs().sum() > 0 for g in (gated.encoder.slow_ode_gate, gated.encoder.fast_ode_gate))
+    slow_only = build_model(d, slowfast_ode_block="rk2-gated", no_fast_branch=True)
+    assert slow_only.encoder.fast_ode_gate is None
+    slow_only.encoder(src)["encoder_out"][0].sum().backward()
+    assert slow_only.encoder.slow_ode_gate.linear.weight.grad.abs().sum() > 0
 
 
 def test_ode_blocks_need_both_branches():

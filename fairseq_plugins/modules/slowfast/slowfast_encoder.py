@@ -154,10 +154,9 @@ class SlowFastEncoder(TransformerEncoderBase):
         )
         self.has_fast_branch = not cfg.no_fast_branch
         self.ode_solver = cfg.slowfast_ode_block
-        self.ode_gates = None
-        if self.ode_solver == "rk2-gated":  # one gate per branch, shared by the blocks
-            self.ode_gates = nn.ModuleList([RK2Gate(cfg.encoder.embed_dim)]
-                                           + [RK2Gate(cfg.fast_embed_dim)] * self.has_fast_branch)
+        gated = self.ode_solver == "rk2-gated"  # one gate per branch, shared by the blocks
+        self.slow_ode_gate = RK2Gate(cfg.encoder.embed_dim) if gated else None
+        self.fast_ode_gate = RK2Gate(cfg.fast_embed_dim) if gated and self.has_fast_branch else None
         if not self.has_slow_branch:
             # nothing reads the subwords' embeddings or the slow output norm: no unused parameters
             self.embed_tokens = self.layer_norm = self.layernorm_embedding = None
@@ -353,8 +352,7 @@ class SlowFastEncoder(TransformerEncoderBase):
             if self.ode_solver == "euler":
                 state = block([xs, *xf])
             else:
-                gates = [self.ode_gates[0], *[self.ode_gates[1]] * len(xf)] if self.ode_gates is not None else None
-                state = rk2_step(block, [xs, *xf], gates)
+                state = rk2_step(block, [xs, *xf], [self.slow_ode_gate, *[self.fast_ode_gate] * len(xf)])
             xs, xf = state[0], state[1:]
             if return_all_hiddens:
                 encoder_states.append(xs)
