@@ -47,7 +47,8 @@ class DocumentPairDataset(FairseqDataset):
         self.max_context_tokens = max_context_tokens
         self.split = split
         self.document_order = document_order
-        self.context_loss = samples == "chunks"
+        self.samples = samples
+        self.context_loss = samples == "chunks"  # the original trains on the whole chunk sample
         windows = sample_windows(samples, docids, src.sizes, max_context_tokens)
         self.context_start = windows.context_start
         self.current_start, self.current_end = windows.current_start, windows.current_end

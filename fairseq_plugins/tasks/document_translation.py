@@ -243,7 +243,7 @@ class DocumentTranslationTask(TranslationTask):
                 self._drop_context(hypo, n_context[row])
             if context is not None and isinstance(generator, SequenceGenerator):
                 self._rescore_current_sentence(row_hypos, generator)
-        if dataset is not None and dataset.context_loss:  # chunk samples
+        if dataset is not None and dataset.samples == "chunks":
             hypos = self._one_row_per_sentence(sample, hypos, dataset, n_context, generator)
         if dataset is not None:
             for sentence, row_hypos in zip(sample["id"].tolist(), hypos):
