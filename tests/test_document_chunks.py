@@ -10,7 +10,7 @@ import torch
 
 pytest.importorskip("fairseq")
 from fairseq.data import Dictionary  # noqa: E402
-from fairseq.models import FairseqDecoder, FairseqEncoder, FairseqEncoderDecoderModel  # noqa: E402
+from fairseq.models import FairseqDecoder, FairseqEncoderDecoderModel  # noqa: E402
 
 from fairseq_plugins.data.document_context import chunk_bounds, sample_windows  # noqa: E402
 from fairseq_plugins.data.document_pair_dataset import DocumentPairDataset  # noqa: E402
@@ -19,6 +19,7 @@ from fairseq_plugins.tasks.document_translation import (  # noqa: E402
     DocumentTranslationTask,
 )
 from tests.test_document_dataset import Sentences, toy_corpus  # noqa: E402
+from tests.test_document_decoding import _Encoder  # noqa: E402
 
 
 def original_chunks(docids, lengths, context_length):
@@ -49,28 +50,28 @@ def random_corpus(seed):
     return docids, [rng.randint(2, 40) for _ in docids]
 
 
-@pytest.mark.parametrize("l", [0, 1, 7, 32, 64, 128])
-def test_chunks_are_the_originals(l):
-    docids, lengths = random_corpus(l)
-    assert chunk_bounds(docids, lengths, l) == original_chunks(docids, lengths, l)
+@pytest.mark.parametrize("limit", [0, 1, 7, 32, 64, 128])
+def test_chunks_are_the_originals(limit):
+    docids, lengths = random_corpus(limit)
+    assert chunk_bounds(docids, lengths, limit) == original_chunks(docids, lengths, limit)
 
 
-@pytest.mark.parametrize("l", [0, 32, 64, 128])
-def test_chunks_cover_each_sentence_once_with_whole_sentences_of_at_least_half_l(l):
-    docids, lengths = random_corpus(100 + l)
-    chunks = chunk_bounds(docids, lengths, l)
+@pytest.mark.parametrize("limit", [0, 32, 64, 128])
+def test_chunks_cover_each_sentence_once_with_whole_sentences_of_at_least_half_l(limit):
+    docids, lengths = random_corpus(100 + limit)
+    chunks = chunk_bounds(docids, lengths, limit)
     assert [s for start, end in chunks for s in range(start, end)] == list(range(len(docids)))
     short_last = 0
     for start, end in chunks:
         assert end > start and len(set(docids[start:end])) == 1  # whole sentences of one document
         tokens = sum(lengths[start:end])
-        # closed at the first sentence end that reaches l/2
-        assert end - start == 1 or sum(lengths[start : end - 1]) < l // 2
+        # closed at the first sentence end that reaches limit/2
+        assert end - start == 1 or sum(lengths[start : end - 1]) < limit // 2
         document_ends_here = end == len(docids) or docids[end] != docids[start]
-        if tokens < l // 2:
+        if tokens < limit // 2:
             assert document_ends_here  # only a document's last chunk may be short
             short_last += 1
-    assert l == 0 or short_last > 0  # the case exists in this corpus
+    assert limit == 0 or short_last > 0  # the case exists in this corpus
 
 
 def test_a_sample_is_the_previous_chunk_of_its_document_and_the_current_one():
@@ -108,14 +109,6 @@ def test_chunk_samples_train_on_every_target_sentence_of_the_sample():
 # decoding -----------------------------------------------------------------------------------
 
 N_WORDS = 6
-
-
-class _Encoder(FairseqEncoder):
-    def forward(self, src_tokens, src_lengths=None, **kwargs):
-        return {"encoder_out": [src_tokens.float().unsqueeze(-1)]}
-
-    def reorder_encoder_out(self, encoder_out, new_order):
-        return {"encoder_out": [encoder_out["encoder_out"][0].index_select(0, new_order)]}
 
 
 class _EagerDecoder(FairseqDecoder):

@@ -59,6 +59,19 @@ def document_starts(docids: Sequence[str]) -> np.ndarray:
     return starts
 
 
+def _checked_lengths(docids: Sequence[str], source_lengths, context_tokens: int) -> np.ndarray:
+    """The sentence lengths as an array, once the context length and the ids agree with them."""
+    if context_tokens < 0:
+        raise ValueError(f"context length must be >= 0, got {context_tokens}")
+    lengths = np.asarray(source_lengths, dtype=np.int64)
+    if len(lengths) != len(docids):
+        raise ValueError(
+            f"{len(docids)} document ids for {len(lengths)} sentences: the docids file must "
+            "have one line per sentence of the split"
+        )
+    return lengths
+
+
 def context_starts(docids: Sequence[str], source_lengths, max_context_tokens: int) -> np.ndarray:
     """First sentence of each sentence's context window (equal to i when it has no context).
 
@@ -66,14 +79,7 @@ def context_starts(docids: Sequence[str], source_lengths, max_context_tokens: in
     in a sample). The window of sentence i is [start, i): whole sentences, never before the
     first sentence of i's document, total length at most ``max_context_tokens``.
     """
-    if max_context_tokens < 0:
-        raise ValueError(f"context length must be >= 0, got {max_context_tokens}")
-    lengths = np.asarray(source_lengths, dtype=np.int64)
-    if len(lengths) != len(docids):
-        raise ValueError(
-            f"{len(docids)} document ids for {len(lengths)} sentences: the docids file must "
-            "have one line per sentence of the split"
-        )
+    lengths = _checked_lengths(docids, source_lengths, max_context_tokens)
     doc_start = document_starts(docids)
     starts = np.arange(len(lengths), dtype=np.int64)
     window_start, window_tokens = 0, 0
@@ -96,14 +102,7 @@ def chunk_bounds(docids: Sequence[str], source_lengths, context_tokens: int) -> 
     lengths (each with its end mark) reach ``context_tokens // 2``; a document's last chunk keeps
     what is left, however short (yzh119/BPT ``graph/mt.py``, ``DocumentMTDataset.__init__``).
     """
-    if context_tokens < 0:
-        raise ValueError(f"context length must be >= 0, got {context_tokens}")
-    lengths = np.asarray(source_lengths, dtype=np.int64)
-    if len(lengths) != len(docids):
-        raise ValueError(
-            f"{len(docids)} document ids for {len(lengths)} sentences: the docids file must "
-            "have one line per sentence of the split"
-        )
+    lengths = _checked_lengths(docids, source_lengths, context_tokens)
     doc_start = document_starts(docids)
     chunks, start, tokens = [], 0, 0
     for i in range(len(lengths)):
