@@ -61,5 +61,5 @@ def test_document_level_row_end_to_end_on_the_fixture(tmp_path):
     assert hypothesis_ids == list(range(len(test_docids)))  # chunks split back: each sentence once
     saved = json.loads((tmp_path / "results" / "bpt-table6" / "transformer-l32.json").read_text())
     assert saved["column"] == "32" and saved["row"] == "Transformer (full cross-attention)"
-    assert saved["target_context"] == "translations" and saved["test_set"] == \
+    assert saved["target_context"] == "same-pass" and saved["test_set"] == \
         "IWSLT15 zh-en TED.tst2010+TED.tst2011+TED.tst2012+TED.tst2013 (WIT3 xml)"
