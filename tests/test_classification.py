@@ -617,20 +617,46 @@ def test_embed_dropout_drops_the_embeddings_in_training_only(arch):
 
 @pytest.mark.slow
 def test_bpt_classifier_as_the_original_cli(sentence_data, tmp_path):
-    """fairseq-train with the original's settings (input dropout, weight decay, words-only tree):
+    """fairseq-train with the original's settings (input dropout and its layer norm, weight decay,
+    words-only tree):
     they reach the trained model, which learns and scores as the hub predicts."""
     save = _train(sentence_data, tmp_path / "ckpt", "--arch", "bpt_classifier", *SENTENCE_ARGS,
-                  "--embed-dropout", "0.4", "--weight-decay", "5e-5", "--no-bos-eos-tokens", "--sentence-readout",
-                  "root", "--max-update", "60")
+                  "--embed-dropout", "0.4", "--layernorm-dropped-embedding", "--weight-decay", "5e-5",
+                  "--no-bos-eos-tokens", "--sentence-readout", "root", "--max-update", "60")
     hub = BPTClassifierModel.from_pretrained(str(save), "checkpoint_best.pt", str(sentence_data),
                                              user_dir=str(USER_DIR))
     hub.eval()
     cfg = hub.model.cfg
-    assert (cfg.embed_dropout, cfg.no_bos_eos_tokens) == (0.4, True)
-    assert hub.model.encoder.dropout_module.p == 0.4
+    assert (cfg.embed_dropout, cfg.layernorm_dropped_embedding, cfg.no_bos_eos_tokens) == (0.4, True, True)
+    assert hub.model.encoder.dropout_module.p == 0.4 and hub.model.encoder.dropout_module.norm is not None
     state = torch.load(save / "checkpoint_best.pt", weights_only=False)
     assert state["cfg"]["optimizer"]["weight_decay"] == 5e-5
     accuracy = _accuracy(hub, sentence_data.parent / "raw")
     labels = (sentence_data.parent / "raw" / "test.label").read_text().split()
     assert accuracy > max(labels.count(x) for x in set(labels)) / len(labels)
     assert score_checkpoint(save / "checkpoint_best.pt", sentence_data)["accuracy"] == pytest.approx(100 * accuracy)
+
+
+def test_layernorm_after_the_embedding_dropout():
+    """--layernorm-dropped-embedding: norm(dropout(embedding)) in float64, the originals' order; in
+    evaluation the plain norm of the embeddings."""
+    d = _letters()
+    model = _tiny_model(BPTClassifierModel, "bpt_classifier", d, "--embed-dropout", "0.4",
+                        "--layernorm-dropped-embedding").double()
+    module = model.encoder.dropout_module
+    with torch.no_grad():
+        module.norm.weight.uniform_(0.5, 1.5)
+        module.norm.bias.uniform_(-0.5, 0.5)
+    x = torch.randn(2, 5, 32, dtype=torch.float64)
+    module.train()
+    torch.manual_seed(1)
+    got = module(x)
+    torch.manual_seed(1)
+    kept = torch.nn.functional.dropout(torch.ones_like(x), 0.4, training=True)  # the same draw: 0 or 1/(1-p)
+    norm = lambda y: torch.nn.functional.layer_norm(y, (32,), module.norm.weight, module.norm.bias, 1e-5)  # noqa: E731
+    torch.testing.assert_close(got, norm(x * kept), rtol=1e-12, atol=1e-12)
+    module.eval()
+    torch.testing.assert_close(module(x), norm(x), rtol=1e-12, atol=1e-12)
+    assert _tiny_model(BPTClassifierModel, "bpt_classifier", d).encoder.dropout_module.norm is None  # default: none
+    with pytest.raises(ValueError, match="--layernorm-embedding"):
+        _tiny_model(BPTClassifierModel, "bpt_classifier", d, "--layernorm-dropped-embedding", "--layernorm-embedding")

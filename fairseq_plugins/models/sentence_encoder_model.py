@@ -20,7 +20,8 @@ encoder and classifies ``[r1; r2; |r1 - r2|; r1 * r2]``, the Multi-Scale paper's
 (:mod:`fairseq_plugins.modules.common.sentence_pairs`).
 
 ``--embed-dropout`` is the dropout on the input embeddings (BPT's and SegTree's ``dropouti``;
-unset: ``--dropout``, fairseq's); ``--no-bos-eos-tokens`` encodes each sentence without the
+unset: ``--dropout``, fairseq's), ``--layernorm-dropped-embedding`` a layer norm after it (their
+``norm(emb_dropout(h))``); ``--no-bos-eos-tokens`` encodes each sentence without the
 task's ``<s>`` and the ``</s>`` of its row, so that a tree encoder's leaves are the sentence's
 words alone, as in BPT's and SegTree's original classifiers.
 
@@ -40,13 +41,13 @@ from fairseq.data import data_utils
 from fairseq.dataclass import ChoiceEnum
 from fairseq.models import BaseFairseqModel
 from fairseq.models.transformer import Embedding, TransformerConfig
-from fairseq.modules import FairseqDropout
+from fairseq.modules import LayerNorm
 
 from fairseq_plugins.data.labels import (
     check_known, check_no_empty_split, check_num_classes, check_regression_targets, class_labels,
 )
 from fairseq_plugins.models.dictionary_fingerprint import DictionaryFingerprint
-from fairseq_plugins.models.lm_training import LMTrainingConfig
+from fairseq_plugins.models.lm_training import EmbeddingDropout, LMTrainingConfig
 from fairseq_plugins.models.model_options import add_config_args, check_at_least, check_choice, config_with_options
 from fairseq_plugins.models.plugin_model import task_data_folders
 from fairseq_plugins.modules.common.char_ngram_embedding import CharNgramWordEmbedding
@@ -86,6 +87,9 @@ class _ClassifierOwnOptions:
                 "log-likelihood and decoded by Viterbi (the Multi-Scale paper's + CRF rows)"})
     freeze_embeddings: bool = field(default=False, metadata={
         "help": "keep the input embeddings fixed (with --encoder-embed-path: fixed GloVe, as BPT and SegTree)"})
+    layernorm_dropped_embedding: bool = field(default=False, metadata={
+        "help": "a layer norm on the dropped-out input embeddings, norm(dropout(embedding)), as BPT's and "
+                "SegTree's original classifiers (--layernorm-embedding normalizes before the dropout)"})
     no_bos_eos_tokens: bool = field(default=False, metadata={
         "help": "encode each sentence without the <s> in front and the </s> at its end: a tree's leaves are "
                 "then its words alone, as BPT's and SegTree's original classifiers build them (sentence "
@@ -124,6 +128,9 @@ def embed_dropout(cfg) -> float:
     rate = cfg.dropout if cfg.embed_dropout is None else cfg.embed_dropout
     if not 0.0 <= rate <= 1.0:
         raise ValueError(f"--embed-dropout {rate}: give a rate in [0, 1]")
+    if cfg.layernorm_dropped_embedding and cfg.layernorm_embedding:
+        raise ValueError("--layernorm-dropped-embedding normalizes the embeddings after their dropout: "
+                         "drop --layernorm-embedding (before it)")
     return rate
 
 
@@ -184,7 +191,8 @@ class SentenceEncoderModel(DictionaryFingerprint, BaseFairseqModel):
         dictionary = task.source_dictionary
         encoder = cls.build_encoder(cfg, dictionary, cls.build_input_embedding(cfg, dictionary))
         # fairseq's encoders apply their dropout_module to the embeddings only (forward_embedding)
-        encoder.dropout_module = FairseqDropout(embed_dropout(cfg), module_name="EmbeddingDropout")
+        norm = LayerNorm(cfg.encoder.embed_dim) if cfg.layernorm_dropped_embedding else None
+        encoder.dropout_module = EmbeddingDropout(embed_dropout(cfg), norm)
         return cls(cfg, encoder, getattr(task, "label_dictionary", None))
 
     @classmethod
