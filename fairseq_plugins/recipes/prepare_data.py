@@ -31,7 +31,7 @@ CORPORA = {**wmt.CORPORA, **wmt_slowfast_variants.CORPORA, **iwslt.CORPORA, **mu
            **classification.CORPORA}
 LM_CORPORA = language_modeling.CORPORA
 TRANSLATION_ONLY = ("bpe_merges", "vocab_size", "zh_segmentation", "extra_parallel")
-NOT_LANGUAGE_MODELLING = (*TRANSLATION_ONLY, "lowercase")
+NOT_LANGUAGE_MODELLING = (*TRANSLATION_ONLY, "lowercase")  # --lowercase: classification corpora only
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,8 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prepare a corpus with fewer training pairs than the paper trained on (e.g. wmt17-zh-en "
                         "without the UN and CWMT corpora); the pair count is recorded beside every score")
     p.add_argument("--lowercase", action="store_true",
-                   help="lowercase the text after tokenization (classification and translation corpora; the "
-                        "*-lowercase classification corpora always are); recorded in prep.json")
+                   help="classification corpora: lowercase the words after tokenization (the *-lowercase corpora "
+                        "always are); recorded in prep.json")
     p.add_argument("--no-binarize", action="store_true", help="stop before fairseq-preprocess")
     p.add_argument("--heldout-chars", type=int,
                    help="enwik8/text8/text: symbols in each of valid and test (default: the standard 5M; "
@@ -102,6 +102,8 @@ def _prepare(args) -> Path:
                                              unit=args.unit)
         except ValueError as err:
             sys.exit(f"{args.corpus}: {err}")
+    if args.lowercase:
+        sys.exit(f"--lowercase is for classification corpora: {args.corpus} is translated with its recipe's case")
     splits, recipe = CORPORA[args.corpus](args.raw_dir, args.cache_dir, args.extra_parallel)
     check_training_size(args.corpus, len(splits["train"].src), recipe, args.allow_less_training_data)
     if args.bpe_merges is not None:
@@ -112,8 +114,6 @@ def _prepare(args) -> Path:
         if args.vocab_size < 5:
             sys.exit("--vocab-size must be at least 5 (fairseq's 4 special symbols + 1)")
         recipe = dataclasses.replace(recipe, vocab_size=args.vocab_size)
-    if args.lowercase:
-        recipe = dataclasses.replace(recipe, lowercase=True)
     if args.zh_segmentation is not None:
         if "zh" not in (recipe.src, recipe.tgt):
             sys.exit(f"--zh-segmentation: {args.corpus} has no Chinese side")
