@@ -158,5 +158,5 @@ def test_lowercase_preparations_are_their_own(tmp_path):
     assert text == text.lower() and text.strip()
     with pytest.raises(SystemExit, match="--lowercase"):
         prepare_data.main(["enwik8", "--lowercase", "--out", str(tmp_path / "lm")])
-    with pytest.raises(SystemExit, match="--lowercase is for classification corpora"):
+    with pytest.raises(SystemExit, match="--lowercase is for classification and word-level LM corpora"):
         prepare_data.main(["multi30k-en-de", "--lowercase", "--out", str(tmp_path / "mt")])

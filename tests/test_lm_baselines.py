@@ -110,7 +110,7 @@ def test_every_compared_pair_of_the_lm_tables_has_the_same_size(tmp_path, model,
     keys, above)."""
     from fairseq_plugins.recipes.config import train_flags
 
-    vocab = {"enwik8": ENWIK8, "ptb": PTB, "wikitext-2": WIKITEXT2}[model["data"]]
+    vocab = {"enwik8": ENWIK8, "ptb": PTB, "wikitext-2-lowercase": WIKITEXT2}[model["data"]]
     assert baseline["data"] == model["data"]
     total, relative, prenorm = built(tmp_path, vocab, train_flags(model, world_size=1))
     base, none, base_prenorm = built(tmp_path, vocab, train_flags(baseline, world_size=1))

@@ -95,6 +95,25 @@ def test_word_corpora_as_they_are(tmp_path, corpus, files):
     language_modeling.check_format(out)  # words: one </s> per line is their convention, in every format
 
 
+def test_wikitext2_lowercased_as_segtree_reads_it(tmp_path):
+    """--lowercase and the wikitext-2-lowercase corpus: the cased files lowercased, one dictionary
+    entry per lowercased word, recorded in prep.json; character corpora refuse it."""
+    raw = LM / "wikitext-2"
+    flag = prepare(tmp_path / "flag", "wikitext-2", "--lowercase", raw=raw)
+    named = prepare(tmp_path / "named", "wikitext-2-lowercase", raw=raw)
+    cased = prepare(tmp_path / "cased", "wikitext-2", raw=raw)
+    for out in (flag, named):
+        for split in ("train", "valid", "test"):
+            assert (out / "text" / f"{split}.txt").read_text() == (raw / f"wiki.{split}.tokens").read_text().lower()
+        assert json.loads((out / "prep.json").read_text())["lowercase"] is True
+    assert json.loads((cased / "prep.json").read_text())["lowercase"] is False
+    words = {out: {line.split()[0] for line in (out / "dict.txt").read_text().splitlines()
+                   if not line.startswith("madeupword")} for out in (flag, cased)}  # fairseq's padding entries
+    assert words[flag] == {w.lower() for w in words[cased]} and words[flag] != words[cased]
+    with pytest.raises(SystemExit, match="--lowercase applies to the word corpora"):
+        prepare(tmp_path, "enwik8", "--lowercase")
+
+
 def test_downloaded_archive_with_the_wrong_checksum_is_refused(tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()

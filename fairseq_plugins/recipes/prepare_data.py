@@ -31,7 +31,7 @@ CORPORA = {**wmt.CORPORA, **wmt_slowfast_variants.CORPORA, **iwslt.CORPORA, **mu
            **classification.CORPORA}
 LM_CORPORA = language_modeling.CORPORA
 TRANSLATION_ONLY = ("bpe_merges", "vocab_size", "zh_segmentation", "extra_parallel")
-NOT_LANGUAGE_MODELLING = (*TRANSLATION_ONLY, "lowercase")  # --lowercase: classification corpora only
+
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,8 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prepare a corpus with fewer training pairs than the paper trained on (e.g. wmt17-zh-en "
                         "without the UN and CWMT corpora); the pair count is recorded beside every score")
     p.add_argument("--lowercase", action="store_true",
-                   help="classification corpora: lowercase the words after tokenization (the *-lowercase corpora "
-                        "always are); recorded in prep.json")
+                   help="classification and word-level language-modelling corpora: lowercase the words (after "
+                        "tokenization; the *-lowercase corpora always are); recorded in prep.json")
     p.add_argument("--no-binarize", action="store_true", help="stop before fairseq-preprocess")
     p.add_argument("--heldout-chars", type=int,
                    help="enwik8/text8/text: symbols in each of valid and test (default: the standard 5M; "
@@ -92,18 +92,19 @@ def _prepare(args) -> Path:
         return classification.prepare(args.corpus, args.raw_dir, args.cache_dir, args.out,
                                       binarize=not args.no_binarize, workers=args.workers, lowercase=args.lowercase)
     if args.corpus in LM_CORPORA:
-        given = [name for name in NOT_LANGUAGE_MODELLING if getattr(args, name) not in (None, [], False)]
+        given = [name for name in TRANSLATION_ONLY if getattr(args, name) not in (None, [], False)]
         if given:
             sys.exit(f"{args.corpus} is a language-modelling corpus: "
                      f"{', '.join('--' + n.replace('_', '-') for n in given)} do not apply")
         try:
             return language_modeling.prepare(args.corpus, args.raw_dir, args.cache_dir, args.out, workers=args.workers,
                                              binarize=not args.no_binarize, heldout_chars=args.heldout_chars,
-                                             unit=args.unit)
+                                             unit=args.unit, lowercase=args.lowercase)
         except ValueError as err:
             sys.exit(f"{args.corpus}: {err}")
     if args.lowercase:
-        sys.exit(f"--lowercase is for classification corpora: {args.corpus} is translated with its recipe's case")
+        sys.exit(f"--lowercase is for classification and word-level LM corpora: {args.corpus} is translated "
+                 f"with its recipe's case")
     splits, recipe = CORPORA[args.corpus](args.raw_dir, args.cache_dir, args.extra_parallel)
     check_training_size(args.corpus, len(splits["train"].src), recipe, args.allow_less_training_data)
     if args.bpe_merges is not None:
