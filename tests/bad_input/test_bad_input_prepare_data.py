@@ -73,6 +73,7 @@ def _mtl16(tmp_path, test_lines: str) -> Path:
 
 
 @pytest.mark.slow  # fairseq-preprocess
+@pytest.mark.cli
 def test_a_label_only_in_test_gets_a_class_not_unk(tmp_path):
     """fairseq-preprocess builds the label dictionary from train alone: the test's extra label
     would be <unk>, a target of -1."""

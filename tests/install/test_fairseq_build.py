@@ -49,6 +49,7 @@ def test_fixes_apply_to_the_original_source_once(pristine_sdist, tmp_path):
     assert "torchaudio" not in setup_py and '"hydra-core>=1.3.2"' in setup_py
 
 
+@pytest.mark.cli
 def test_build_script_prepares_the_fixed_source(tmp_path):
     """The script's tiny mode: unpack the cached sdist and fix it, without building."""
     out = subprocess.run([sys.executable, "-m", "fairseq_plugins.fairseq_build", "--prepare", str(tmp_path)],

@@ -28,6 +28,7 @@ def test_fixes_module_does_not_need_fairseq_importable():
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_setup_twice_changes_nothing():
     def freeze():
         pip_freeze = [sys.executable, "-m", "pip", "freeze"]

@@ -101,6 +101,7 @@ def test_the_pages_show_commands_of_every_kind():
 
 
 @pytest.mark.parametrize("command", sorted(OUR_COMMANDS))
+@pytest.mark.cli
 def test_console_command_answers_help(command, help_outputs):
     assert command in CONSOLE, (
         f"{command} (shown in {', '.join(OUR_COMMANDS[command])}) is not a console command of pyproject.toml: "
@@ -116,6 +117,7 @@ def test_every_console_command_resolves():
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
+@pytest.mark.cli
 def test_python_module_answers_help(module, help_outputs):
     if not _is_ours(module):  # pytest, venv: only that they are there
         assert importlib.util.find_spec(module) is not None, f"python -m {module}: no such module"
@@ -124,6 +126,7 @@ def test_python_module_answers_help(module, help_outputs):
 
 
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
+@pytest.mark.cli
 def test_python_script_answers_help(script, help_outputs):
     assert (ROOT / script).exists(), f"{script} (shown in {', '.join(SCRIPTS[script])}) does not exist"
     assert_help(help_outputs[script], f"python {script}", SCRIPTS[script])

@@ -177,6 +177,7 @@ def test_train_command_stops_at_the_fixed_updates_or_the_time_share(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_language_model_part_trains_both_models_in_alternating_rounds(tmp_path):
     """``--lm`` in tiny mode: fairseq-train resumed round by round, fairseq-eval-lm on the test split."""
     import json

@@ -76,6 +76,7 @@ def _cli(*args, **env):
                           capture_output=True, text=True, env={**os.environ, **env})
 
 
+@pytest.mark.cli
 def test_cluster_settings_come_from_the_environment():
     proc = _cli("bpt-table7", "--dry-run", "--rows", "bpt-k4", GPUS="4", UPDATE_FREQ="3", NNODES="2", NODE_RANK="1",
                 MASTER_ADDR="10.0.0.1", PRECISION="bf16")
@@ -91,6 +92,7 @@ def test_cluster_settings_come_from_the_environment():
     assert "8 in the paper" in cpu.stdout.splitlines()[0]
 
 
+@pytest.mark.cli
 def test_a_dry_run_needs_no_fairseq_and_a_real_run_stops_in_one_line(tmp_path):
     bare = {"PATH": "/usr/bin:/bin"}  # no fairseq there
     proc = _cli("bpt-table7", "--dry-run", **bare)

@@ -107,6 +107,7 @@ WMT_SETS = {
 
 
 @pytest.mark.parametrize("corpus", sorted(WMT_SETS))
+@pytest.mark.cli
 def test_wmt_recipes_take_dev_and_test_sets_from_sacrebleu(tmp_path, corpus):
     small = ["--allow-less-training-data"] if corpus.startswith("wmt17-zh-en") else []  # the fixture's 36 pairs
     out, meta = _prepare_in_process_of_its_own(tmp_path, corpus, "--raw-dir", str(WMT), "--bpe-merges", "40",
@@ -133,6 +134,7 @@ def test_wmt_recipes_take_dev_and_test_sets_from_sacrebleu(tmp_path, corpus):
     ("wmt17-zh-en", "这是 一个 关于 海洋 的 故事 。"),  # jieba words (then BPE)
     ("wmt17-zh-en-characters", "这 是 一 个 关 于 海 洋 的 故 事 。"),
 ])
+@pytest.mark.cli
 def test_chinese_source_is_segmented_before_bpe(tmp_path, corpus, expected):
     out, meta = _prepare_in_process_of_its_own(tmp_path, corpus, "--raw-dir", str(WMT), "--bpe-merges", "40",
                                                "--no-binarize", "--allow-less-training-data")
@@ -140,6 +142,7 @@ def test_chinese_source_is_segmented_before_bpe(tmp_path, corpus, expected):
     assert _lines(out / "text" / "test.zh")[1].replace("@@ ", "") == expected
 
 
+@pytest.mark.cli
 def test_zh_en_on_news_commentary_alone_is_refused_with_its_pair_count(tmp_path):
     """TranSFormer trained Zh-En on about 18M pairs; News Commentary alone is about 1/80 of it."""
     args = [sys.executable, "-m", "fairseq_plugins.recipes.prepare_data", "wmt17-zh-en", "--raw-dir", str(WMT),
@@ -174,6 +177,7 @@ def test_iwslt14_prepares_text_from_fixtures(tmp_path):
     assert all(line == line.lower() for line in _lines(out / "text" / "train.en"))
 
 
+@pytest.mark.cli
 def test_iwslt15_writes_talk_ids_aligned_with_sentences_and_binarizes(tmp_path):
     out = prepare_data.main(["iwslt15-zh-en", "--raw-dir", str(FIXTURES / "iwslt15"),
                              "--out", str(tmp_path), "--bpe-merges", "40", "--vocab-size", "40"])

@@ -82,6 +82,7 @@ def test_train_command_scales_batch_and_passes_distributed_flags(tmp_path):
         train.build_command(cfg, data, tmp_path / "run", gpus_per_node=8, nnodes=2)
 
 
+@pytest.mark.cli
 def test_config_trains_averages_and_scores_with_sacrebleu(multi30k_bin, tmp_path):
     row = one_row_table(
         tmp_path / "tiny.yaml", row="Transformer (our implementation)",
@@ -108,6 +109,7 @@ def test_config_trains_averages_and_scores_with_sacrebleu(multi30k_bin, tmp_path
     assert len(hyp_detok) == 20 and not any("@@" in h for h in hyp_detok)
 
 
+@pytest.mark.cli
 def test_generate_output_ids_must_cover_the_references(multi30k_bin, tmp_path):
     partial = "S-0\tx\nH-0\t-1.0\tein Hund\nD-0\t-1.0\tein Hund\n"
     with pytest.raises(ValueError, match="1 hypotheses for 20 references"):
@@ -141,6 +143,7 @@ def _losses(run_dir: Path):
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_demo_reduced_mode_writes_table_and_plot(demo_run):
     out, rows, progress = demo_run
     assert [r["arch"] for r in rows] == ["transformer"]
@@ -156,6 +159,7 @@ def test_demo_reduced_mode_writes_table_and_plot(demo_run):
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_demo_progress_is_line_based_when_not_a_tty(demo_run):
     _, _, progress = demo_run
     assert "\r" not in progress
@@ -166,6 +170,7 @@ def test_demo_progress_is_line_based_when_not_a_tty(demo_run):
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_demo_fixed_updates_give_the_same_result_on_a_busy_machine(demo_run, tmp_path):
     out, rows, _ = demo_run
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # competes for the CPU

@@ -3,7 +3,11 @@
 import os
 import subprocess
 
+import pytest
+
 from tests.cli import REPO
+
+pytestmark = pytest.mark.cli  # every test here runs a program of scripts/
 
 
 def test_test_script_runs_only_the_paths_given(tmp_path):

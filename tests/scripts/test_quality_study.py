@@ -90,6 +90,7 @@ def test_the_study_config_is_valid_and_refuses_unknown_baselines(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_tiny_study_trains_resumes_scores_and_reports(tmp_path):
     argv = ["--tiny", "--models", "transformer_postnorm,slowfast_slow_only", "--seeds", "1", "--out", str(tmp_path),
             "--raw-dir", str(MULTI30K)]

@@ -13,6 +13,8 @@ import pytest
 
 from tests.cli import MULTI30K, REPO
 
+pytestmark = pytest.mark.cli  # every test here runs a program of scripts/
+
 
 
 def run_script(name: str, *args, timeout: float = 600) -> subprocess.CompletedProcess:

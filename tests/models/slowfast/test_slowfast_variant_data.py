@@ -65,6 +65,7 @@ def test_a_low_resource_sample_is_seeded_in_corpus_order_and_recorded(tmp_path):
     assert again_meta["train_sample_sha256"] == digest  # the same pairs on every machine
 
 
+@pytest.mark.cli
 def test_a_sample_larger_than_the_corpus_says_so(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "fairseq_plugins.recipes.prepare_data", "wmt14-en-de-slowfast-50k",
                            "--raw-dir", str(WMT), "--no-binarize", "--out", str(tmp_path / "o")],
@@ -74,6 +75,7 @@ def test_a_sample_larger_than_the_corpus_says_so(tmp_path):
     assert "are the raw files complete?" in proc.stderr
 
 
+@pytest.mark.cli
 def test_bpe_sizes_change_only_the_merges(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "fairseq_plugins.recipes.prepare_data", "wmt14-en-de-slowfast-bpe10k",
                            "--raw-dir", str(WMT), "--no-binarize", "--out", str(tmp_path / "o")],

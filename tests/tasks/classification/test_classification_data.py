@@ -47,6 +47,7 @@ def _prepare(corpus, tmp_path, raw):
     return prepare_data.main([corpus, "--out", str(tmp_path / corpus), "--raw-dir", str(raw)])
 
 
+@pytest.mark.cli
 def test_prepare_sst_phrases(tmp_path):
     out = _prepare("sst5-phrases", tmp_path, FIXTURES / "sst")
     meta = json.loads((out / "prep.json").read_text())
@@ -55,6 +56,7 @@ def test_prepare_sst_phrases(tmp_path):
     assert (out / "text" / "test.input0").read_text().splitlines() == ["Simply wonderful", "Too slow"]
 
 
+@pytest.mark.cli
 def test_prepare_snli_pairs_share_one_dictionary(tmp_path):
     out = _prepare("snli", tmp_path, FIXTURES / "snli")
     assert json.loads((out / "prep.json").read_text())["pairs"]
@@ -62,6 +64,7 @@ def test_prepare_snli_pairs_share_one_dictionary(tmp_path):
     assert (out / "text" / "train.label").read_text().split() == ["entailment", "contradiction", "neutral"]
 
 
+@pytest.mark.cli
 def test_prepare_tagging_and_imdb(tmp_path):
     out = _prepare("conll03-ner", tmp_path, FIXTURES / "conll03")
     words = (out / "text" / "train.input0").read_text().splitlines()
@@ -124,6 +127,7 @@ def test_a_download_with_another_checksum_is_refused(given, tmp_path):
     assert "HuggingFace" in message and not (tmp_path / "in" / "trainDevTestTrees_PTB.zip.d").exists()  # not unpacked
 
 
+@pytest.mark.cli
 def test_a_download_with_the_pinned_checksum_is_unpacked(tmp_path, monkeypatch):
     import dataclasses
 

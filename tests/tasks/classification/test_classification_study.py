@@ -4,6 +4,8 @@ import pytest
 
 from scripts import classification_study
 
+pytestmark = pytest.mark.cli  # every test here runs a program of scripts/
+
 
 @pytest.mark.slow
 def test_tiny_study_trains_scores_and_reports(tmp_path):

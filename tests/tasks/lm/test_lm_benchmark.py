@@ -2,7 +2,11 @@
 
 import json
 
+import pytest
+
 from tests.scripts.test_scripts_benchmarks import run_script
+
+pytestmark = pytest.mark.cli  # every test here runs a program of scripts/
 
 
 def test_benchmark_lm_tiny(tmp_path):

@@ -86,6 +86,7 @@ def test_an_incomplete_utf8_byte_sequence_decodes_to_a_replacement():
     assert character_tokens.decode("195 169 195", "bytes") == "é\ufffd"
 
 
+@pytest.mark.cli
 @pytest.mark.parametrize("corpus,files", [("ptb", "ptb.{}.txt"), ("wikitext-2", "wiki.{}.tokens")])
 def test_word_corpora_as_they_are(tmp_path, corpus, files):
     out = prepare(tmp_path, corpus)
