@@ -451,6 +451,7 @@ def test_model_update_reports_a_failing_model_and_times_the_others(tmp_path, mon
 
 
 @pytest.mark.cli
+@pytest.mark.slow
 def test_the_whole_command_on_the_cpu(tmp_path, capsys):
     argv = ["--device", "cpu", "--groups", "torch", "--size", "small", "--benchmark", "quick",
             "--out", str(tmp_path / "out"), *[f"--benchmark-option={o}" for o in TINY_BENCHMARK],
@@ -516,6 +517,7 @@ def test_the_headline_gives_speedups_over_sdpa_and_flex_on_wall_and_kernel_time(
 
 
 @pytest.mark.cli
+@pytest.mark.slow
 def test_the_headline_dry_run_of_the_whole_command_on_the_cpu(tmp_path, monkeypatch):
     """Every headline backend gets a row: measured where it runs on a CPU (triton under the
     interpreter), else with the reason; the headline comes before the tests."""

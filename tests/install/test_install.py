@@ -19,7 +19,7 @@ import pytest
 
 from tests.cli import REPO, TINY_MODEL_ARGS, write_raw_corpus
 
-pytestmark = pytest.mark.cli  # the installed console commands, in processes of their own
+pytestmark = [pytest.mark.cli, pytest.mark.slow]  # a wheel built and installed; its commands run
 
 # what a wheel must not pick up from a working checkout
 NOT_SOURCES = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__", "*.pyc", "*.so",
@@ -136,7 +136,6 @@ def test_an_install_without_fairseq_names_the_command_that_exists_there(install)
     assert (Path(prepared.stdout.strip()) / "fairseq" / "version.txt").read_text().startswith("0.12.2+plugins.")
 
 
-@pytest.mark.slow
 def test_tiny_bpt_trains_from_the_install_with_the_cpu_kernel(install):
     """fairseq-train --user-dir <install>/fairseq_plugins; ``auto`` builds the CPU kernel from
     the install's sources into the empty cache and uses it (about a minute of compiling)."""

@@ -83,6 +83,7 @@ def test_train_command_scales_batch_and_passes_distributed_flags(tmp_path):
 
 
 @pytest.mark.cli
+@pytest.mark.slow
 def test_config_trains_averages_and_scores_with_sacrebleu(multi30k_bin, tmp_path):
     row = one_row_table(
         tmp_path / "tiny.yaml", row="Transformer (our implementation)",

@@ -13,8 +13,6 @@ import pytest
 
 from tests.cli import MULTI30K, REPO
 
-pytestmark = pytest.mark.cli  # every test here runs a program of scripts/
-
 
 
 def run_script(name: str, *args, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -25,6 +23,7 @@ def run_script(name: str, *args, timeout: float = 600) -> subprocess.CompletedPr
     return proc
 
 
+@pytest.mark.cli
 def test_benchmark_graph_attention_tiny(tmp_path):
     out = tmp_path / "graph_attention"
     run_script("benchmark_graph_attention", "--lengths", "64", "128", "--ks", "1", "--tokens", "128",
@@ -59,6 +58,7 @@ def test_memory_measure_sees_a_step_that_stays_below_an_earlier_peak():
     step.close()
 
 
+@pytest.mark.cli
 def test_benchmark_multiscale_attention_tiny(tmp_path):
     out = tmp_path / "multiscale"
     run_script("benchmark_multiscale_attention", "--lengths", "64", "--heads", "2", "--head-dim", "8",
@@ -67,6 +67,7 @@ def test_benchmark_multiscale_attention_tiny(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_benchmark_slowfast_tiny(tmp_path):
     out = tmp_path / "slowfast.json"
     run_script("benchmark_slowfast", "--size", "tiny", "--max-tokens", "128", "--updates", "1", "--out", out,
@@ -76,6 +77,7 @@ def test_benchmark_slowfast_tiny(tmp_path):
     assert results["transformer"]["time_ratio"] == 1.0
 
 
+@pytest.mark.cli
 def test_triton_work_model_tiny(tmp_path):
     """The estimate's counted inputs at the setting the GPU review estimated by hand (BPT
     n 8192, k 4: 16.3% tile fill, 1,202 FlexAttention blocks per head), every assumption
@@ -96,6 +98,7 @@ def test_triton_work_model_tiny(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_benchmark_models_tiny(tmp_path):
     """As users train: a joint BPE data-bin, shared embeddings, fairseq-train's own words per second."""
     out = tmp_path / "models"

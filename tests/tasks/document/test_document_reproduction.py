@@ -37,6 +37,7 @@ def test_every_row_trains_and_translates_with_its_context_length(table, tmp_path
 
 
 @pytest.mark.cli
+@pytest.mark.slow
 def test_document_level_row_end_to_end_on_the_fixture(tmp_path):
     data = tmp_path / "data" / "iwslt15-zh-en"
     prepare_data.main(["iwslt15-zh-en", "--raw-dir", str(IWSLT15_RAW), "--out", str(data), "--workers", "1"])

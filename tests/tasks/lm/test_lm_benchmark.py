@@ -9,6 +9,7 @@ from tests.scripts.test_scripts_benchmarks import run_script
 pytestmark = pytest.mark.cli  # every test here runs a program of scripts/
 
 
+@pytest.mark.slow
 def test_benchmark_lm_tiny(tmp_path):
     out = tmp_path / "lm"
     proc = run_script("benchmark_lm", "--contexts", "32", "64", "--ks", "2", "--checkpointed-ks", "2",
