@@ -41,13 +41,37 @@ def import_extra(module: str, extra: str, feature: str):
                            f"{extra_command(extra)}") from None
 
 
+def report(error: CommandError) -> None:
+    """A CommandError as a command prints it: one line on stderr, after the command's name."""
+    print(f"{os.path.basename(sys.argv[0])}: error: {error}", file=sys.stderr)
+
+
 def exit_code(call: Callable[[], int]) -> int:
     """``call()``'s exit code, or 1 after printing a CommandError as one line on stderr."""
     try:
         return call()
     except CommandError as e:
-        print(f"{os.path.basename(sys.argv[0])}: error: {e}", file=sys.stderr)
+        report(e)
         return 1
+
+
+def print_command_errors_in_one_line() -> None:
+    """Let a CommandError that nothing catches end the program as ``exit_code`` ends a command:
+    its line, exit 1, no traceback. fairseq's own commands (fairseq-train, ...) load the plugin
+    with --user-dir, and the plugin's refusals (a model option no model can take) reach the top
+    there. Any other exception goes to the hook that was in place (its traceback is wanted)."""
+    previous = sys.excepthook
+    if getattr(previous, "prints_command_errors", False):
+        return
+
+    def hook(kind, error, traceback):
+        if issubclass(kind, CommandError):
+            report(error)
+        else:
+            previous(kind, error, traceback)
+
+    hook.prints_command_errors = True
+    sys.excepthook = hook
 
 
 def plain(text: str) -> str:

@@ -651,6 +651,108 @@ FIXES = (
             ),
         ),
     ),
+    Fix(
+        name="distributed_without_gpu",
+        why=(
+            "Several processes without --cpu on a machine without a GPU: fairseq's spawn ends in a "
+            "bare 'AssertionError: world size is 2 but have 0 available devices', torchrun in three "
+            "tracebacks ending 'Distributed package doesn't have NCCL built in'. Say in one line, "
+            "before any process starts, to add --cpu or to use a machine with GPUs."
+        ),
+        edits=(
+            TextEdit(
+                _DIST,
+                "        return\n\n    num_pipelines_per_node = None\n",
+                "        return\n"
+                "    # fairseq_plugins: without a GPU, several processes need --cpu (fairseq would count\n"
+                "    # 0 GPUs to spawn processes on, and torchrun's processes would start NCCL)\n"
+                "    launched = \"WORLD_SIZE\" in os.environ\n"
+                "    if not (cpu or torch.cuda.is_available()) and (\n"
+                "        cfg.distributed_backend == \"nccl\" if launched else cfg.distributed_world_size > 1\n"
+                "    ):\n"
+                "        processes = (\n"
+                "            \"the processes started by torchrun use the NCCL backend, which needs GPUs\" if launched\n"
+                "            else f\"--distributed-world-size {cfg.distributed_world_size} starts one process per GPU\"\n"
+                "        )\n"
+                "        message = (f\"{os.path.basename(sys.argv[0])}: error: {processes}, and this machine has none: \"\n"
+                "                   \"add --cpu to run the processes on CPU (gloo), or use a machine with GPUs\")\n"
+                "        if launched and os.environ.get(\"TORCHELASTIC_ERROR_FILE\"):  # torchrun's summary quotes it\n"
+                "            import json, time\n"
+                "\n"
+                "            with open(os.environ[\"TORCHELASTIC_ERROR_FILE\"], \"w\") as f:\n"
+                "                extra = {\"py_callstack\": message, \"timestamp\": str(int(time.time()))}\n"
+                "                json.dump({\"message\": {\"message\": message, \"extraInfo\": extra}}, f)\n"
+                "        raise SystemExit(message)\n"
+                "\n"
+                "    num_pipelines_per_node = None\n",
+            ),
+            TextEdit(_DIST, "import subprocess\nimport warnings\n", "import subprocess\nimport sys\nimport warnings\n"),
+        ),
+    ),
+    Fix(
+        name="interactive_bad_source_lines",
+        why=(
+            "fairseq-interactive translates an empty line into invented text, and one line longer "
+            "than the model's source positions ends the whole session ('Size of sample #0 is "
+            "invalid'). For translation tasks, skip such a line with a one-line error that names "
+            "it (and the limit) and go on; the lines kept keep their numbers (S-, H- ids)."
+        ),
+        edits=(
+            TextEdit(
+                "fairseq_cli/interactive.py",
+                "def make_batches(lines, cfg, task, max_positions, encode_fn):\n",
+                "def make_batches(lines, cfg, task, max_positions, encode_fn, start_id=0):\n",
+            ),
+            TextEdit(
+                "fairseq_cli/interactive.py",
+                "    if cfg.generation.constraints:\n"
+                "        constraints_tensor = pack_constraints(batch_constraints)\n"
+                "    else:\n"
+                "        constraints_tensor = None\n"
+                "\n"
+                "    tokens, lengths = task.get_interactive_tokens_and_lengths(lines, encode_fn)\n",
+                "    # fairseq_plugins: a source line with nothing to translate, or longer than the model\n"
+                "    # takes, is skipped with an error naming it; the session goes on with the next lines\n"
+                "    from fairseq.tasks.translation import TranslationTask\n"
+                "\n"
+                "    translating = isinstance(task, TranslationTask)\n"
+                "    limit = max_positions[0] if translating and max_positions is not None else None\n"
+                "    kept, tokens, lengths = [], [], []\n"
+                "    for i, line in enumerate(lines):\n"
+                "        name = f\"input line {start_id + i + 1} (id {start_id + i})\"\n"
+                "        if translating and not line.strip():\n"
+                "            logger.error(f\"{name} is empty: nothing to translate; skipped\")\n"
+                "            continue\n"
+                "        encoded, encoded_lengths = task.get_interactive_tokens_and_lengths([line], encode_fn)\n"
+                "        if not encoded:  # the task skipped the line, and said why\n"
+                "            continue\n"
+                "        if limit is not None and encoded_lengths[0] > limit:\n"
+                "            logger.error(f\"{name} has {encoded_lengths[0]:,} tokens with </s>, more than the \"\n"
+                "                         f\"{limit:,} source positions allowed; skipped\")\n"
+                "            continue\n"
+                "        kept.append(i)\n"
+                "        tokens.append(encoded[0])\n"
+                "        lengths.append(encoded_lengths[0])\n"
+                "    if not kept:\n"
+                "        return\n"
+                "    if cfg.generation.constraints:\n"
+                "        constraints_tensor = pack_constraints([batch_constraints[i] for i in kept])\n"
+                "    else:\n"
+                "        constraints_tensor = None\n",
+            ),
+            TextEdit(
+                "fairseq_cli/interactive.py",
+                "    for batch in itr:\n        ids = batch[\"id\"]\n",
+                "    for batch in itr:\n"
+                "        ids = torch.as_tensor(kept)[batch[\"id\"]]  # fairseq_plugins: the line's own number\n",
+            ),
+            TextEdit(
+                "fairseq_cli/interactive.py",
+                "        for batch in make_batches(inputs, cfg, task, max_positions, encode_fn):\n",
+                "        for batch in make_batches(inputs, cfg, task, max_positions, encode_fn, start_id):\n",
+            ),
+        ),
+    ),
 )
 
 

@@ -5,7 +5,8 @@
 
 What a row resolves to: the fairseq-train flags at the paper's GPU count, the run it trains in,
 its seeds, and the flags of its evaluation (fairseq-generate for translation, fairseq-eval-lm for
-language models, the in-process scorer's options for classifiers and taggers), with the
+language models, the in-process scorer's options for classifiers and taggers, the measurement's
+settings for a computed table), with the
 checkpoint averaging and the sacrebleu tokenizer. Flags are kept as a sorted mapping, so an
 equivalent reordering of a config is not a change; any value that changes is.
 """
@@ -36,6 +37,8 @@ def flag_map(flags):
 
 
 def evaluation(cfg):
+    if cfg.get("measure"):  # a computed table (TranSFormer's Table 8): what is measured, and how
+        return {"measure": cfg["measure"], "settings": dict(sorted(cfg["evaluate"].items()))}
     task = cfg["task"].get("task")
     if task == "language_modeling":
         return {"fairseq-eval-lm": flag_map(eval_lm_flags(cfg, cfg["evaluate"].get("subset", "test")))}

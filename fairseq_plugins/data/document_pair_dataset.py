@@ -1,30 +1,38 @@
-"""Sentence pairs with their document context, one sample per sentence of the split.
+"""Sentence pairs with their document context: document-level samples of a split.
 
-Sample i is sentence i preceded by its context window (see ``document_context``) on both
-sides, joined as described in ``document_layout``. Only the current sentence is a training
-target: context target positions are padding in ``target``, so fairseq's criteria (which skip
-padding) put no loss on them, and ``fairseq-generate`` scores each sentence exactly once. The
-reference translations of the context travel as ``target_context`` (the oracle decoding mode).
+Two layouts (``document_context.sample_windows``), both joined as described in
+``document_layout``:
+
+- ``sentences``: sample i is sentence i preceded by its context window on both sides. Only the
+  current sentence is a training target: context target positions are padding in ``target``, so
+  fairseq's criteria (which skip padding) put no loss on them, and ``fairseq-generate`` scores
+  each sentence exactly once.
+- ``chunks`` (the original BPT code): a sample is a chunk of whole sentences preceded by the
+  previous chunk of its document. Every target token of the sample is a training target, the
+  previous chunk's included, as in the original (its ``MTBatcher`` labels the whole target).
+
+The reference translations of the context travel as ``target_context`` (the oracle decoding mode).
 
 For decoding with the model's own translations as target context, a dataset can batch in
-*document order*: batch b holds only sentences whose preceding sentences all sit in earlier
-batches (sentences grouped by their position in their document), so each sentence's context
-has been translated before it is decoded.
+*document order*: batch b holds only samples whose preceding samples all sit in earlier batches
+(samples grouped by their position in their document), so each sample's context has been
+translated before it is decoded.
 """
 
 import numpy as np
 import torch
 from fairseq.data import FairseqDataset, data_utils
 
-from .document_context import context_starts, document_starts
+from .document_context import document_starts, sample_windows
 
 
 class DocumentPairDataset(FairseqDataset):
-    """Wraps sentence-level source/target datasets (items end with ``</s>``) and document ids."""
+    """Wraps sentence-level source/target datasets (items end with ``</s>``) and document ids;
+    ``src``/``tgt`` stay the sentence-level datasets, items are samples."""
 
     def __init__(
         self, src, tgt, src_dict, tgt_dict, docids, max_context_tokens,
-        left_pad_source=True, shuffle=True, split="", document_order=False,
+        left_pad_source=True, shuffle=True, split="", document_order=False, samples="sentences",
     ):
         if len(src) != len(tgt):
             raise ValueError(f"{len(src)} source sentences but {len(tgt)} target sentences")
@@ -39,17 +47,21 @@ class DocumentPairDataset(FairseqDataset):
         self.max_context_tokens = max_context_tokens
         self.split = split
         self.document_order = document_order
-        self.context_start = context_starts(docids, src.sizes, max_context_tokens)
-        self.position_in_document = np.arange(len(docids)) - document_starts(docids)
+        self.samples = samples
+        self.context_loss = samples == "chunks"  # the original trains on the whole chunk sample
+        windows = sample_windows(samples, docids, src.sizes, max_context_tokens)
+        self.context_start = windows.context_start
+        self.current_start, self.current_end = windows.current_start, windows.current_end
+        sample_document = np.asarray(docids)[self.current_start]
+        self.position_in_document = np.arange(len(self.current_start)) - document_starts(sample_document)
         self.src_sizes = self._window_sizes(np.asarray(src.sizes, dtype=np.int64))
         self.tgt_sizes = self._window_sizes(np.asarray(tgt.sizes, dtype=np.int64))
         self.sizes = np.vstack((self.src_sizes, self.tgt_sizes)).T
 
     def _window_sizes(self, sentence_sizes):
-        """Tokens in each sample: the current sentence plus its whole context window."""
+        """Tokens in each sample: the current sentences plus their whole context window."""
         ends = np.concatenate([[0], np.cumsum(sentence_sizes)])
-        index = np.arange(len(sentence_sizes))
-        return ends[index + 1] - ends[self.context_start]
+        return ends[self.current_end] - ends[self.context_start]
 
     def _joined(self, dataset, first, last):
         """Sentences first..last-1 of ``dataset``, each with its end mark turned into ``<s>``."""
@@ -61,25 +73,34 @@ class DocumentPairDataset(FairseqDataset):
             parts.append(torch.cat([sentence[:-1], sentence.new_tensor([self.separator])]))
         return torch.cat(parts) if parts else dataset[last].new_empty(0)
 
+    def _sentences(self, dataset, first, end):
+        """Sentences first..end-1, joined by ``<s>``, the last one ending with its ``</s>``."""
+        return torch.cat([self._joined(dataset, first, end - 1), dataset[end - 1]])
+
+    def sentences(self, index) -> range:
+        """The sentences sample ``index`` translates (its current sentences)."""
+        return range(int(self.current_start[index]), int(self.current_end[index]))
+
     def __getitem__(self, index):
-        first = int(self.context_start[index])
+        context = int(self.context_start[index])
+        first, end = int(self.current_start[index]), int(self.current_end[index])
         return {
             "id": index,
-            "source": torch.cat([self._joined(self.src, first, index), self.src[index]]),
-            "target_context": self._joined(self.tgt, first, index),
-            "target": self.tgt[index],
+            "source": torch.cat([self._joined(self.src, context, first), self._sentences(self.src, first, end)]),
+            "target_context": self._joined(self.tgt, context, first),
+            "target": self._sentences(self.tgt, first, end),
         }
 
     def __len__(self):
-        return len(self.src)
+        return len(self.current_start)
 
     def collater(self, samples):
         """fairseq's translation batch, plus ``target_context`` (right-padded, may be 0 wide)."""
         if len(samples) == 0:
             return {}
         full_targets = [torch.cat([s["target_context"], s["target"]]) for s in samples]
-        # loss only on the current sentence: context positions become padding
-        targets = [
+        # sentences layout: loss only on the current sentence, context positions become padding
+        targets = full_targets if self.context_loss else [
             torch.cat([s["target_context"].new_full(s["target_context"].shape, self.pad), s["target"]])
             for s in samples
         ]
@@ -91,7 +112,7 @@ class DocumentPairDataset(FairseqDataset):
         return {
             "id": torch.LongTensor([s["id"] for s in samples]),
             "nsentences": len(samples),
-            "ntokens": sum(len(s["target"]) for s in samples),
+            "ntokens": sum(len(t) - int(t.eq(self.pad).sum()) for t in targets),
             "net_input": {
                 "src_tokens": data_utils.collate_tokens(
                     [s["source"] for s in samples], self.pad, self.eos, left_pad=self.left_pad_source

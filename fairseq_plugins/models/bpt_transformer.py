@@ -16,7 +16,7 @@ from fairseq.models.transformer.transformer_legacy import base_architecture, tra
 from fairseq_plugins.graph_attention.registry import BACKEND_NAMES
 from fairseq_plugins.graphs.binary_partition import TreeGraphSpec
 from fairseq_plugins.models.model_options import (
-    PluginTransformerConfig, add_config_args, check_at_least, check_choice, set_default_options,
+    OptionError, PluginTransformerConfig, add_config_args, check_at_least, check_choice, set_default_options,
 )
 from fairseq_plugins.models.plugin_model import PluginModel
 from fairseq_plugins.modules.bpt.graph_transformer import GraphTransformerDecoder, GraphTransformerEncoder
@@ -100,7 +100,7 @@ def validate_graph_options(cfg, length_flag: str = "--max-source/target-position
     check_at_least(cfg, "graph_k", 1)
     check_at_least(cfg, "graph_rel_clip", 1)
     if cfg.graph_kind == "segtree" and cfg.graph_k != 1:
-        raise ValueError(f"--graph-k {cfg.graph_k}: SegTree's graph has k = 1 by definition (use bpt_transformer "
+        raise OptionError(f"--graph-k {cfg.graph_k}: SegTree's graph has k = 1 by definition (use bpt_transformer "
                          f"for other k)")
     check_choice(cfg, "graph_sides", GRAPH_SIDES)
     check_choice(cfg, "graph_token_positions", TOKEN_POSITIONS)
@@ -123,7 +123,7 @@ def check_graph_k_helps(cfg, length_flag: str) -> None:
     def table(k):
         return TreeGraphSpec(cfg.graph_kind, k, cfg.graph_rel_clip, False).types.num_types * per_type
 
-    raise ValueError(
+    raise OptionError(
         f"--graph-k {cfg.graph_k} is beyond what can help: at k = {bound} (the longest sequence, "
         f"{length_flag} {bound + 1}, minus one) every token already sees all the others at level 0, i.e. "
         f"dense attention; a larger k only grows the relative-position embeddings, to {table(cfg.graph_k):,} "

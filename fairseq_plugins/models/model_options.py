@@ -22,6 +22,8 @@ from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.utils import safe_getattr
 from fairseq.models.transformer import TransformerConfig
 
+from fairseq_plugins.command_line import CommandError
+
 
 @dataclass
 class PluginTransformerConfig(TransformerConfig):
@@ -71,6 +73,11 @@ def set_default_options(args, config_cls, **arch_values) -> None:
             setattr(args, field.name, arch_values.get(field.name, _default(field)))
 
 
+class OptionError(CommandError, ValueError):
+    """A model option's value no model can take; fairseq's commands print it in one line, without
+    a traceback (``command_line.print_command_errors_in_one_line``)."""
+
+
 def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -80,13 +87,13 @@ def check_choice(cfg, name: str, choices: Iterable[str]) -> None:
     choices = tuple(choices)
     value = getattr(cfg, name)
     if value not in choices:
-        raise ValueError(f"{flag(name)} {value!r}: choose from {', '.join(choices)}")
+        raise OptionError(f"{flag(name)} {value!r}: choose from {', '.join(choices)}")
 
 
 def check_at_least(cfg, name: str, minimum: int) -> None:
     value = getattr(cfg, name)
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{flag(name)} must be an integer >= {minimum}, got {value!r}")
+        raise OptionError(f"{flag(name)} must be an integer >= {minimum}, got {value!r}")
 
 
 def lm_max_positions(args, model: str) -> None:

@@ -23,6 +23,7 @@ from fairseq.models.transformer.transformer_legacy import (
 from fairseq_plugins.models.model_options import PluginTransformerConfig, add_config_args, set_default_options
 from fairseq_plugins.models.plugin_model import PluginModel
 from fairseq_plugins.modules.slowfast.cross_granularity_fusion import FUSION_METHODS
+from fairseq_plugins.modules.slowfast.ode_block import ODE_SOLVERS
 from fairseq_plugins.modules.slowfast.sentencepiece_fast_input import piece_count
 from fairseq_plugins.modules.slowfast.slowfast_encoder import (
     BOUNDARY_PE_SCOPES,
@@ -91,6 +92,10 @@ class SlowFastConfig(PluginTransformerConfig):
         "help": "Linformer's n: the longest fast-branch sequence the projections cover"})
     slowfast_interaction_layers: str = field(default="all", metadata={
         "help": "blocks with fusion: all, last, bottomN, topN, everyN or 1-based list (Table 6)"})
+    slowfast_ode_block: ChoiceEnum(ODE_SOLVERS) = field(default="euler", metadata={
+        "help": "encoder blocks as ODE steps (Li et al., 2022): euler = the plain residual block; rk2 = the "
+                "block applied twice, y + (F(y) + F(y + F(y))) / 2; rk2-gated = RK2 with learnable gated "
+                "coefficients (Table 1's TranSFormer + ODE)"})
 
 
 @register_model("transformer_slowfast")

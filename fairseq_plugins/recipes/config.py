@@ -36,7 +36,8 @@ from .table_schema import PAPERS, SECTIONS, SETTINGS, BaseFile, Row, TableFile
 
 CONFIG_DIR = resource_dir("configs")
 USER_DIR = user_dir()
-METRICS = ("sacrebleu", "tokenized", "bpc", "ppl", "accuracy", "f1")  # what ``reported`` may hold
+METRICS = ("sacrebleu", "tokenized", "bpc", "ppl", "accuracy", "f1", "gflops")  # what ``reported`` may hold
+MEASURES = (None, "flops")  # a table's rows trained and evaluated (None), or measured in-process
 SACREBLEU_TOKENIZERS = ("13a", "intl", "zh", "char", "none")
 # flags the scripts set themselves; a config must not carry them
 _RESERVED = {"user-dir", "arch", "save-dir", "path", "distributed-world-size", "gen-subset", "remove-bpe",
@@ -204,6 +205,8 @@ def _resolve_table(path: Path) -> Dict[str, Any]:
     for metric in (spec["metric"], *spec["extra_metrics"]):
         if metric not in METRICS:
             raise ConfigError(f"{where}: metric {metric!r} is not one of {METRICS}")
+    if spec["measure"] not in MEASURES:
+        raise ConfigError(f"{where}: measure must be one of {[m for m in MEASURES if m]}, got {spec['measure']!r}")
     common: Dict[str, Any] = {}
     sources: Dict[str, str] = {}
     for defaults, layer_sources, _ in _layers(spec, where):
@@ -229,7 +232,8 @@ def _resolve_table(path: Path) -> Dict[str, Any]:
             row_id = _fill(raw["id"], flat, row_where)
             if not _ROW_ID.fullmatch(row_id):
                 raise ConfigError(f"{row_where}: id {row_id!r} must be lower case letters, digits and ._+-")
-            cfg.update(paper=spec["paper"], table=spec["table"], id=row_id, name=f"{spec['table']}/{row_id}",
+            cfg.update(paper=spec["paper"], table=spec["table"], measure=spec["measure"], id=row_id,
+                       name=f"{spec['table']}/{row_id}",
                        row=_fill(raw["row"], flat, row_where),
                        column=_fill(raw.get("column"), flat, row_where) or spec["columns"][0],
                        reported=reported, note=raw.get("note") or spec.get("note"),
@@ -247,7 +251,8 @@ def _resolve_table(path: Path) -> Dict[str, Any]:
     for source_key in set(sources).union(*(r["sources"] for r in rows)) - used:
         raise ConfigError(f"{where}: a source for {source_key}, which no row sets")
     return {"table": spec["table"], "file": path, "title": spec["title"], "metric": spec["metric"],
-            "extra_metrics": spec["extra_metrics"], "columns": spec["columns"], "rows": order, "configs": rows}
+            "measure": spec["measure"], "extra_metrics": spec["extra_metrics"], "columns": spec["columns"],
+            "rows": order, "configs": rows}
 
 
 def load_tables() -> Dict[str, Dict[str, Any]]:

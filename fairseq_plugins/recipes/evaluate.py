@@ -32,6 +32,7 @@ from typing import Dict, List, Optional
 from ..command_line import command_parser
 from . import evaluate_classification
 from .config import ConfigError, generate_flags, load_config, run_key, seed_configs, target_context
+from .data.sentencepiece_segmentation import SENTENCEPIECE_WORD_START
 from .data.text_processing import unsegment_chinese
 from .tools import MissingTool, Tools
 from .train import default_data_dir, local_devices
@@ -85,7 +86,7 @@ def score(generate_out: str, data: Path, subset: str, out_dir: Path, tokenize: O
                          f"references of {subset}; ids must be 0..{len(references) - 1}")
     tokenized = [hyps[i] for i in range(len(references))]
     detokenized = detokenize(tokenized, tgt)
-    ref_tok = [line.replace("@@ ", "").removesuffix("@@")
+    ref_tok = [join_subwords(line, meta.get("bpe", "subword-nmt"))
                for line in tok_ref_bpe.read_text(encoding="utf-8").splitlines()]
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, lines in (("hyp.tok", tokenized), ("hyp.detok", detokenized), ("ref.tok", ref_tok)):
@@ -169,7 +170,25 @@ def check_checkpoint(cfg, checkpoint: Path) -> None:
 def generate_command(cfg, data: Path, checkpoint: Path, subset: str, cpu: bool, extra: List[str] = (),
                      tools: Optional[Tools] = None) -> List[str]:
     return [(tools or Tools())("fairseq-generate"), str(data), "--path", str(checkpoint), "--gen-subset", subset,
-            "--remove-bpe", *generate_flags(cfg), *(["--cpu"] if cpu else []), *extra]
+            *remove_bpe_flags(data), *generate_flags(cfg), *(["--cpu"] if cpu else []), *extra]
+
+
+def segmentation(data: Path) -> str:
+    """How the data-bin's text is segmented (prep.json's ``bpe``; subword-nmt before it is prepared)."""
+    prep = data / "prep.json"
+    return json.loads(prep.read_text()).get("bpe", "subword-nmt") if prep.exists() else "subword-nmt"
+
+
+def remove_bpe_flags(data: Path) -> List[str]:
+    """fairseq-generate's flags that join the data-bin's subwords back into tokens."""
+    return ["--remove-bpe", "sentencepiece"] if segmentation(data) == "sentencepiece" else ["--remove-bpe"]
+
+
+def join_subwords(line: str, segmented_by: str) -> str:
+    """A reference line of the data-bin's text, its subwords joined as ``--remove-bpe`` joins them."""
+    if segmented_by == "sentencepiece":
+        return line.replace(" ", "").replace(SENTENCEPIECE_WORD_START, " ").strip()
+    return line.replace("@@ ", "").removesuffix("@@")
 
 
 def generate(cfg, data: Path, checkpoint: Path, subset: str, cpu: bool, extra: List[str] = ()) -> str:

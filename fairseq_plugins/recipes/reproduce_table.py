@@ -17,6 +17,9 @@ several nodes, run the same command on each with its NODE_RANK; node 0 also eval
 Rows that describe the same model (same data, arch and options) train once. Each stage skips work
 already done: prepared data-bins, finished results JSON; fairseq resumes interrupted training from
 checkpoint_last.pt.
+
+A table with ``measure: flops`` (TranSFormer's Table 8) trains nothing: each row's model is built
+from its config and measured in-process (``measure_flops``), its JSON written beside the others.
 """
 
 import argparse
@@ -78,7 +81,8 @@ def list_tables() -> str:
     lines = []
     for table_id, table in sorted(load_tables().items()):
         runs = {run_key(r) for c in table["configs"] for r in seed_configs(c)}
-        lines.append(f"{table_id:20} {len(table['configs']):3} rows {len(runs):3} training runs  "
+        what = f"{len(runs):3} training runs" if table["measure"] is None else f"{table['measure']:>3} measured   "
+        lines.append(f"{table_id:20} {len(table['configs']):3} rows {what}  "
                      f"{table['file'].parent.name}/{table['file'].name}  {table['title']}")
     return "\n".join(lines)
 
@@ -180,6 +184,8 @@ def _main(p: argparse.ArgumentParser, args, extra: List[str]) -> str:
     if not configs:
         raise ConfigError(f"{table['table']} has no rows to run")
     dry_run = args.dry_run or args.explain
+    if table["measure"] is not None:
+        return _measure(table, configs, args, dry_run)
     paper_gpus = max(c["gpus"] for c in configs)
     gpus = paper_gpus if args.gpus is None else args.gpus
     if not dry_run and gpus > 0 and "train" in stages and train.local_devices() < gpus:
@@ -235,6 +241,22 @@ def _main(p: argparse.ArgumentParser, args, extra: List[str]) -> str:
     if "table" not in stages or args.node_rank != 0 or dry_run:
         return ""
     return results_table.main([table["table"], "--results-dir", str(args.results_dir)])
+
+
+def _measure(table: Dict, configs: List[Dict], args, dry_run: bool) -> str:
+    """A computed table: each row measured in-process, then tabulated like the others."""
+    from . import measure_flops  # torch and the models: only when a table is measured
+
+    print(f"{table['table']}: {len(configs)} rows measured in-process ({table['measure']}), nothing trained",
+          flush=True)
+    for cfg in configs:
+        if args.explain:
+            print(f"  values of {cfg['table']}:{cfg['id']} ({cfg['row']} | {cfg['column']}):")
+            print("\n".join(explain(cfg)))
+    measure_flops.measure(configs, args.results_dir, dry_run)
+    if dry_run or "table" not in args.stages.split(","):
+        return ""
+    return results_table.main([str(table["file"]), "--results-dir", str(args.results_dir)])
 
 
 if __name__ == "__main__":

@@ -11,14 +11,15 @@ reference context, or same-pass decoding).
 """
 
 import json
+import sys
 from pathlib import Path
 from typing import List
 
 from ..command_line import command_parser
-from .config import load_table, table_ids
+from .config import ConfigError, load_table, table_ids
 
 METRIC_NAMES = {"sacrebleu": "SacreBLEU", "tokenized": "tok. BLEU", "bpc": "bpc", "ppl": "ppl", "accuracy": "Acc.",
-                "f1": "F1"}
+                "f1": "F1", "gflops": "GFLOPs"}
 CONTEXT_MARKS = {
     "oracle-reference": "**oracle context** (reference translations of the preceding sentences)",
     "same-pass": "context translated in the same beam search (same-pass)",
@@ -68,8 +69,11 @@ def render(table_id: str, results_dir: Path) -> str:
                 notes.append(f"`{cfg['name']}` not evaluated")
                 continue
             where = f"{col}: " if len(spec["columns"]) > 1 else ""
-            notes.append(where + f"{res.get('test_set', 'test set not recorded')}, " + ", ".join(
-                f"{METRIC_NAMES[m]} `{res[f'{m}_signature']}`" for m in metrics if f"{m}_signature" in res))
+            signatures = [f"{METRIC_NAMES[m]} `{res[f'{m}_signature']}`" for m in metrics if f"{m}_signature" in res]
+            if "measured_on" in res:  # a computed row (measure_flops) says how it was measured
+                notes.append(where + ", ".join([res["measured_on"], *signatures]))
+            else:
+                notes.append(where + f"{res.get('test_set', 'test set not recorded')}, " + ", ".join(signatures))
             if res.get("training_pairs", 0) < res.get("paper_training_pairs", 0):
                 notes.append(where + f"trained on {res['training_pairs']:,} pairs, the paper on about "
                              f"{res['paper_training_pairs']:,}")
@@ -84,12 +88,16 @@ def render(table_id: str, results_dir: Path) -> str:
 
 def main(argv=None) -> str:
     p = command_parser(description=__doc__)
-    p.add_argument("table", choices=sorted(table_ids()), help="the table's id")
+    p.add_argument("table", help=f"a table's id ({', '.join(sorted(table_ids()))}) or the path of a table file")
     p.add_argument("--results-dir", type=Path, default=Path("results"), help="where fairseq-plugins-evaluate wrote")
     p.add_argument("--out", type=Path, help="default: <results-dir>/<table>.md")
     args = p.parse_args(argv)
-    text = render(args.table, args.results_dir)
-    out = args.out or args.results_dir / f"{args.table}.md"
+    try:
+        table_id = load_table(args.table)["table"]
+        text = render(args.table, args.results_dir)
+    except ConfigError as err:
+        sys.exit(f"fairseq-plugins-results-table: {err}")
+    out = args.out or args.results_dir / f"{table_id}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text, encoding="utf-8")
     print(text)

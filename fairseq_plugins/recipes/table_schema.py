@@ -12,6 +12,7 @@ A table file::
     base: [bpt/base/lm.yaml]         # shared settings files under configs/, merged first, in order
     defaults: {data: ..., arch: ..., gpus: 4, task: {...}, model: {...}, train: {...}}
     sources: {train.lr: 'paper: ...'}   # where each value comes from, by dotted key
+    measure: flops                   # optional: rows measured in-process, not trained (recipes/measure_flops.py)
     rows:
       - id: enwik8-l512              # the row's key: bpt-table4:enwik8-l512
         row: l = 512                 # the label the paper prints
@@ -85,6 +86,7 @@ class TableFile(BaseFile):
     title: str = MISSING
     paper: str = MISSING
     metric: str = MISSING
+    measure: Optional[str] = None  # flops: rows are measured in-process from their model, not trained
     extra_metrics: List[str] = field(default_factory=list)
     columns: List[str] = field(default_factory=lambda: ["BLEU"])
     rows: List[Row] = field(default_factory=list)

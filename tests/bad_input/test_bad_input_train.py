@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.bad_input import refusal
+from tests.bad_input import refusal, sole_line
 from tests.classification_data import write_classification, write_tagging
 from tests.cli import USER_DIR, run_cli, train_args
 from tests.lm_fixture import ARCHS, TINY
@@ -22,8 +22,8 @@ def _train_lm(data, save, *extra):
 
 @pytest.mark.slow
 def test_an_lm_graph_k_is_bounded_by_its_tokens_per_sample(enwik8_bin, tmp_path):
-    line = refusal(*_train_lm(enwik8_bin, tmp_path / "ckpt", "--graph-k", "100"))
-    assert line.startswith("ValueError: --graph-k 100 is beyond what can help: at k = 63 (the longest sequence, "
+    line = sole_line(*_train_lm(enwik8_bin, tmp_path / "ckpt", "--graph-k", "100"))
+    assert line.startswith("fairseq-train: error: --graph-k 100 is beyond what can help: at k = 63 (the longest sequence, "
                            "--tokens-per-sample 64, minus one)") and line.endswith("Use --graph-k <= 63"), line
     assert not list((tmp_path / "ckpt").glob("*.pt"))  # fairseq-train makes the folder first, empty
 
@@ -108,9 +108,19 @@ def test_an_empty_translation_split_is_named(tiny_data_bin, tmp_path):
 
 
 @pytest.mark.slow
-def test_graph_k_0_is_refused_before_the_model_is_built(enwik8_bin, tmp_path):
-    line = refusal(*_train_lm(enwik8_bin, tmp_path / "ckpt", "--graph-k", "0"))
-    assert line == "ValueError: --graph-k must be an integer >= 1, got 0"
+def test_graph_k_0_is_refused_in_one_line_before_the_model_is_built(enwik8_bin, tmp_path):
+    line = sole_line(*_train_lm(enwik8_bin, tmp_path / "ckpt", "--graph-k", "0"))
+    assert line == "fairseq-train: error: --graph-k must be an integer >= 1, got 0"
+
+
+@pytest.mark.slow
+def test_several_processes_without_a_gpu_are_told_to_add_cpu(tmp_path):
+    """fairseq's own spawn counts GPUs: without --cpu there are none to start processes on. The
+    refusal comes before the data is read (the folder here is empty)."""
+    args = [arg for arg in train_args(tmp_path, tmp_path / "ckpt", "transformer") if arg != "--cpu"]
+    line = sole_line("fairseq-train", *args, "--distributed-world-size", "2", env={"CUDA_VISIBLE_DEVICES": ""})
+    assert line == ("fairseq-train: error: --distributed-world-size 2 starts one process per GPU, and this machine "
+                    "has none: add --cpu to run the processes on CPU (gloo), or use a machine with GPUs")
 
 
 @pytest.mark.slow

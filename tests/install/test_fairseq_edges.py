@@ -3,6 +3,7 @@
 import argparse
 import importlib
 import os
+import shutil
 import sys
 import subprocess
 
@@ -40,6 +41,27 @@ def test_two_cpu_processes_under_torchrun_train_in_lockstep(tiny_data_bin, tmp_p
     for name, value in ranks[0]["params"].items():
         assert torch.equal(value, ranks[1]["params"][name]), name
     assert (tmp_path / "ckpt" / "checkpoint_last.pt").exists()
+
+
+@pytest.mark.slow
+def test_torchrun_processes_without_a_gpu_are_told_to_add_cpu(tmp_path):
+    """Without --cpu, each process would start NCCL and die in three tracebacks ('NCCL not built
+    in'); each says in one line to add --cpu, and torchrun's own summary quotes that line."""
+    args = [arg for arg in train_args(tmp_path, tmp_path / "ckpt", "transformer") if arg != "--cpu"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         shutil.which("fairseq-train"), *map(str, args)],
+        capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", CUDA_VISIBLE_DEVICES=""),
+    )  # fmt: skip
+    line = ("fairseq-train: error: the processes started by torchrun use the NCCL backend, which needs GPUs, and "
+            "this machine has none: add --cpu to run the processes on CPU (gloo), or use a machine with GPUs")
+    assert proc.returncode != 0
+    # each process prints the line (torchrun may stop one before it does)
+    assert f"\n{line}\n" in f"\n{proc.stderr}", proc.stderr[-3000:]
+    assert f"traceback : {line}\n" in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.count("Traceback (most recent call last)") == 1, proc.stderr[-3000:]  # torchrun's, none of fairseq
+    assert "NCCL built in" not in proc.stderr
 
 
 @pytest.mark.slow

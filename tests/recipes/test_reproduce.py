@@ -15,6 +15,7 @@ from fairseq_plugins.recipes import reproduce_table
 from fairseq_plugins.recipes.config import load_tables, run_key, seed_configs
 
 TABLES = load_tables()
+TRAINED = sorted(t for t, spec in TABLES.items() if spec["measure"] is None)  # the others: test_slowfast_flops
 
 
 def _dry_run(capsys, table, *options):
@@ -22,7 +23,7 @@ def _dry_run(capsys, table, *options):
     return capsys.readouterr().out
 
 
-@pytest.mark.parametrize("table", sorted(TABLES))
+@pytest.mark.parametrize("table", TRAINED)
 def test_dry_run_prints_every_training_and_evaluation_command_in_full(table, tmp_path, capsys):
     configs = TABLES[table]["configs"]
     out = _dry_run(capsys, table, "--gpus", "2", "--precision", "fp32", "--data-root", str(tmp_path / "data"),

@@ -83,7 +83,7 @@ def test_reported_numbers_of_key_rows():
     # Table 5 prints l = 64 for 19.84; the text and Table 6 say l = 32: the config runs 32 and says why
     table5 = by_name["bpt-table5/bpt-k4-l32"]
     assert table5["row"] == "BPT (k = 4, l = 64)" and table5["reported"] == {"tokenized": 19.84}
-    assert table5["task"] == {"task": "document_translation", "context-tokens": 32} \
+    assert table5["task"] == {"task": "document_translation", "context-tokens": 32, "document-samples": "chunks"} \
         and "Table 5 labels it l = 64" in table5["sources"]["task.context-tokens"]
     assert config_mod.run_key(table5) == config_mod.run_key(by_name["bpt-table6/bpt-k4-l32"])
     # scoring as each paper: BPT Table 7's footnote signature names the intl tokenizer

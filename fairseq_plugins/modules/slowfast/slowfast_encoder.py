@@ -25,6 +25,7 @@ from fairseq_plugins.modules.common.length_groups import length_groups, merge, t
 
 from .boundary_relative_attention import boundary_band
 from .cross_granularity_fusion import FUSION_METHODS, build_fusion
+from .ode_block import ODE_SOLVERS, RK2Gate, rk2_step
 from .sentencepiece_fast_input import PAD_UNIT, SentencePieceFastInput
 from .slowfast_encoder_layer import FastBranchEncoderLayer, SlowFastEncoderLayer
 from .subword_characters import PAD_CHAR, FastBranchInput, SubwordCharacterTable
@@ -139,7 +140,7 @@ class SlowFastEncoder(TransformerEncoderBase):
     ``slowfast_encoder_output``, ``unidirectional_fusion``, ``fast_boundaries``,
     ``no_boundary_pe``, ``boundary_pe_window``, ``boundary_pe_scope``, ``fast_self_attention``,
     ``fast_linear_attention_length``, ``fast_linear_attention_max_length``,
-    ``slowfast_interaction_layers``.
+    ``slowfast_interaction_layers``, ``slowfast_ode_block``.
     With ``no_slow_branch`` the encoder is the fast branch alone: no subword layers, its
     output projected to the decoder's width.
     """
@@ -152,6 +153,10 @@ class SlowFastEncoder(TransformerEncoderBase):
             dictionary, style=cfg.subword_style, max_characters=cfg.fast_max_characters or None
         )
         self.has_fast_branch = not cfg.no_fast_branch
+        self.ode_solver = cfg.slowfast_ode_block
+        gated = self.ode_solver == "rk2-gated"  # one gate per branch, shared by the blocks
+        self.slow_ode_gate = RK2Gate(cfg.encoder.embed_dim) if gated else None
+        self.fast_ode_gate = RK2Gate(cfg.fast_embed_dim) if gated and self.has_fast_branch else None
         if not self.has_slow_branch:
             # nothing reads the subwords' embeddings or the slow output norm: no unused parameters
             self.embed_tokens = self.layer_norm = self.layernorm_embedding = None
@@ -245,6 +250,7 @@ class SlowFastEncoder(TransformerEncoderBase):
             boundary_pe_scope=BOUNDARY_PE_SCOPES,
             slowfast_fusion=FUSION_METHODS,
             slowfast_encoder_output=ENCODER_OUTPUTS,
+            slowfast_ode_block=ODE_SOLVERS,
         )
         for name, allowed in choices.items():
             if getattr(cfg, name) not in allowed:
@@ -259,6 +265,9 @@ class SlowFastEncoder(TransformerEncoderBase):
         if cfg.no_slow_branch and (cfg.no_fast_branch or cfg.slowfast_encoder_output != "fast"):
             raise ValueError("--no-slow-branch leaves only the fast branch: it needs the fast branch (no "
                              "--no-fast-branch) and --slowfast-encoder-output fast (its architectures' default)")
+        if cfg.no_slow_branch and cfg.slowfast_ode_block != "euler":
+            raise ValueError("--slowfast-ode-block applies to the two-branch encoder; --no-slow-branch has no "
+                             "slow-fast blocks to solve")
         if cfg.checkpoint_activations or cfg.offload_activations:
             # fairseq's checkpointing wraps a layer's forward; these layers run in parts between
             # the branches' fusions, so a wrapper would be silently skipped
@@ -329,36 +338,22 @@ class SlowFastEncoder(TransformerEncoderBase):
         if self.has_fast_branch:
             fast, groups, xf = self.fast_branch_groups(src_tokens)
             subword_word_ids = fast.subword_word_ids
-            fast_mask = fast.padding_mask if fast.padding_mask.any() else None
-            indices = [group.index for group in groups]
         else:
+            fast, groups, xf = None, [], []
             _, subword_word_ids = self.characters.subword_word_boundaries(src_tokens)
 
         slow_graph = WordGraph(subword_word_ids)
         encoder_states = [xs] if return_all_hiddens else []
-        for i, slow_layer in enumerate(self.layers):
-            xs = slow_layer.forward_graph_and_attention(xs, slow_mask, slow_graph)
-            if self.has_fast_branch and i < len(self.fast_layers):
-                fast_layer = self.fast_layers[i]
-                xf = [
-                    fast_layer.forward_graph_and_attention(x, group.padding_mask, group.graph, group.band)
-                    for x, group in zip(xf, groups)
-                ]
-                fused_xs = xs
-                if slow_layer.fusion is not None:
-                    context = merge(xf, indices, fast.tokens.size(1))
-                    fused_xs = slow_layer.forward_fusion(xs, context, fast_mask, fast.subword_ids)
-                if fast_layer.fusion is not None:
-                    xf = [
-                        fast_layer.forward_fusion(
-                            x, take(xs, group.index, time_first=True), take(slow_mask, group.index), group.subword_ids
-                        )
-                        for x, group in zip(xf, groups)
-                    ]
-                xs = fused_xs
-                if fast_layer.has_feed_forward:
-                    xf = [fast_layer.forward_feed_forward(x) for x in xf]
-            xs = slow_layer.forward_feed_forward(xs)
+        for i in range(len(self.layers)):
+            def block(state, i=i):
+                xs, xf = self.forward_block(i, state[0], state[1:], slow_mask, slow_graph, fast, groups)
+                return [xs, *xf]
+
+            if self.ode_solver == "euler":
+                state = block([xs, *xf])
+            else:
+                state = rk2_step(block, [xs, *xf], [self.slow_ode_gate, *[self.fast_ode_gate] * len(xf)])
+            xs, xf = state[0], state[1:]
             if return_all_hiddens:
                 encoder_states.append(xs)
 
@@ -372,6 +367,34 @@ class SlowFastEncoder(TransformerEncoderBase):
             else:
                 out, out_mask = torch.cat([xs, xf], 0), torch.cat([padding_mask, fast.padding_mask], 1)
         return encoder_out_dict(out, out_mask, [encoder_embedding], encoder_states, src_tokens, self.padding_idx)
+
+    def forward_block(self, i, xs, xf, slow_mask, slow_graph, fast: Optional[FastBranchInput], groups):
+        """Block i of both branches: the slow states (Ls x B x C) and the fast ones (one
+        tensor per length group) after it, each with every sublayer's residual."""
+        slow_layer = self.layers[i]
+        xs = slow_layer.forward_graph_and_attention(xs, slow_mask, slow_graph)
+        if self.has_fast_branch and i < len(self.fast_layers):
+            fast_layer = self.fast_layers[i]
+            xf = [
+                fast_layer.forward_graph_and_attention(x, group.padding_mask, group.graph, group.band)
+                for x, group in zip(xf, groups)
+            ]
+            fused_xs = xs
+            if slow_layer.fusion is not None:
+                context = merge(xf, [group.index for group in groups], fast.tokens.size(1))
+                fast_mask = fast.padding_mask if fast.padding_mask.any() else None
+                fused_xs = slow_layer.forward_fusion(xs, context, fast_mask, fast.subword_ids)
+            if fast_layer.fusion is not None:
+                xf = [
+                    fast_layer.forward_fusion(
+                        x, take(xs, group.index, time_first=True), take(slow_mask, group.index), group.subword_ids
+                    )
+                    for x, group in zip(xf, groups)
+                ]
+            xs = fused_xs
+            if fast_layer.has_feed_forward:
+                xf = [fast_layer.forward_feed_forward(x) for x in xf]
+        return slow_layer.forward_feed_forward(xs), xf
 
     def forward_fast_only(self, src_tokens):
         """The fast branch alone (no fusion sublayers); no subword embeddings or states to return."""

@@ -1,5 +1,6 @@
 """The pipeline every translation corpus goes through (``prepare``): tokenize (``text_processing``),
-clean and sample the training pairs, learn and apply BPE (``bpe``), write the text and binarize it
+clean and sample the training pairs, learn and apply BPE (``bpe``) or sentencepiece
+(``sentencepiece_segmentation``), write the text and binarize it
 (``binarize``). Finding the raw files is ``download.locate``; reading them, ``readers``.
 
 Layout written under ``out``::
@@ -8,7 +9,7 @@ Layout written under ``out``::
     out/{split}.raw.{lang}       untokenized text aligned with the binarized split
                                  (the references that sacrebleu scores against)
     out/{split}.docids           one document (TED talk) id per sentence, when known
-    out/bpe.codes[.{lang}]       subword-nmt merges
+    out/bpe.codes[.{lang}]       subword-nmt merges (or out/spm.model[.{lang}], sentencepiece's model)
     out/prep.json                what was done (read by fairseq-plugins-evaluate)
     out/dict.*.txt, out/{split}.{src}-{tgt}.{lang}.{bin,idx}   fairseq-preprocess output
 """
@@ -24,7 +25,14 @@ from .binarize import fairseq_preprocess
 from .bpe import apply_bpe, init_bpe, learn_bpe
 from .progress import log, map_lines
 from .readers import BadRawData
+from .sentencepiece_segmentation import apply_sentencepiece, init_sentencepiece, learn_sentencepiece
 from .text_processing import TextProcessor, strip_romanian
+
+# segmentation -> (learn, load in a worker, apply to a line, file of the learnt model)
+SEGMENTATIONS = {
+    "subword-nmt": (learn_bpe, init_bpe, apply_bpe, "bpe.codes"),
+    "sentencepiece": (learn_sentencepiece, init_sentencepiece, apply_sentencepiece, "spm.model"),
+}
 
 
 def keep_clean(src: List[str], tgt: List[str], max_len: int, ratio: float) -> List[int]:
@@ -85,8 +93,9 @@ class Recipe:
 
     src: str
     tgt: str
-    bpe_merges: int
+    bpe_merges: int  # subword-nmt merges, or sentencepiece pieces
     joint_bpe: bool = True
+    segmentation: str = "subword-nmt"  # or "sentencepiece": a unigram model of ``bpe_merges`` pieces
     lowercase: bool = False
     romanian_strip: bool = False  # strip Romanian diacritics on the "ro" side
     clean_max_len: int = 250
@@ -150,18 +159,21 @@ def prepare(name: str, splits: Dict[str, Split], recipe: Recipe, out: Path,
     if "valid" not in splits:
         raise ValueError("no 'valid' split: give one or set valid_every")
 
+    if recipe.segmentation not in SEGMENTATIONS:
+        raise ValueError(f"segmentation {recipe.segmentation!r}: one of {', '.join(SEGMENTATIONS)}")
+    learn, init, apply, name = SEGMENTATIONS[recipe.segmentation]
     if recipe.joint_bpe:
-        codes = {lang: out / "bpe.codes" for lang in langs}
-        learn_bpe([tok["train"][lang] for lang in langs], recipe.bpe_merges, codes[recipe.src])
+        codes = {lang: out / name for lang in langs}
+        learn([tok["train"][lang] for lang in langs], recipe.bpe_merges, codes[recipe.src])
     else:
-        codes = {lang: out / f"bpe.codes.{lang}" for lang in langs}
+        codes = {lang: out / f"{name}.{lang}" for lang in langs}
         for lang in langs:
-            learn_bpe([tok["train"][lang]], recipe.bpe_merges, codes[lang])
+            learn([tok["train"][lang]], recipe.bpe_merges, codes[lang])
 
     for split, data in splits.items():
         for lang, raw in zip(langs, (data.src, data.tgt)):
-            bpe = map_lines(apply_bpe, tok[split][lang], workers, f"bpe {split}.{lang}",
-                            init_bpe, (str(codes[lang]),))
+            bpe = map_lines(apply, tok[split][lang], workers, f"{recipe.segmentation} {split}.{lang}",
+                            init, (str(codes[lang]),))
             _write(text_dir / f"{split}.{lang}", bpe)
             if recipe.romanian_strip and lang == "ro":  # references get the same normalisation
                 raw = [strip_romanian(line) for line in raw]
@@ -171,7 +183,7 @@ def prepare(name: str, splits: Dict[str, Split], recipe: Recipe, out: Path,
 
     meta = {
         "corpus": name, "source_lang": recipe.src, "target_lang": recipe.tgt,
-        "lowercase": recipe.lowercase, "bpe": "subword-nmt", "bpe_merges": recipe.bpe_merges,
+        "lowercase": recipe.lowercase, "bpe": recipe.segmentation, "bpe_merges": recipe.bpe_merges,
         "joint_bpe": recipe.joint_bpe, "romanian_strip": recipe.romanian_strip,
         "tokenizer": "sacremoses (aggressive dash splits)" + (
             f"; zh segmented: {recipe.zh_segmentation}" if "zh" in langs else ""),

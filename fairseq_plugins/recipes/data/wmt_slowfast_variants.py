@@ -1,5 +1,6 @@
 """TranSFormer's WMT14 En-De variants: random low-resource samples of its training pairs (Table 7:
-50K, 500K and 1000K pairs) and its data with other numbers of BPE merges (Figure 5b).
+50K, 500K and 1000K pairs), its data with other numbers of BPE merges (Figure 5b) and segmented by
+sentencepiece instead of BPE (Table 4d's sentencepiece slow branch).
 
 Both start from ``wmt14-en-de-slowfast`` (same downloads, same valid and test sets). A sample is
 drawn from the cleaned pairs with a fixed seed, so every machine with the same raw files trains on
@@ -37,7 +38,14 @@ def bpe_size(merges: int):
     return recipe
 
 
+def sentencepiece_segmented(raw_dir: Optional[Path], cache_dir: Path, extra: Sequence[Path] = ()):
+    """wmt14-en-de-slowfast segmented by a joint 32k-piece sentencepiece unigram model (Table 4d)."""
+    splits, full = wmt14_en_de_slowfast(raw_dir, cache_dir, extra)
+    return splits, dataclasses.replace(full, segmentation="sentencepiece")
+
+
 CORPORA = {
+    "wmt14-en-de-slowfast-spm": sentencepiece_segmented,
     **{f"wmt14-en-de-slowfast-{name}": low_resource(pairs) for name, pairs in LOW_RESOURCE_PAIRS.items()},
     **{f"wmt14-en-de-slowfast-bpe{merges // 1000}k": bpe_size(merges) for merges in BPE_MERGES},
 }

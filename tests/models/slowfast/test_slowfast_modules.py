@@ -250,6 +250,9 @@ ABLATIONS = [
     dict(no_fast_branch=True),
     dict(no_slow_branch=True),
     dict(no_slow_branch=True, fast_boundaries="none", no_boundary_pe=True),  # a character-level transformer
+    dict(slowfast_ode_block="rk2-gated"),
+    dict(slowfast_ode_block="rk2", slowfast_encoder_output="both", slowfast_interaction_layers="last"),
+    dict(slowfast_ode_block="rk2-gated", no_fast_branch=True),
 ]
 
 

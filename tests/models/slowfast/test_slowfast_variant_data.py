@@ -1,4 +1,5 @@
-"""TranSFormer's WMT14 En-De variants (Table 7's low-resource samples, Figure 5b's BPE sizes) on the
+"""TranSFormer's WMT14 En-De variants (Table 7's low-resource samples, Figure 5b's BPE sizes, Table 4d's
+sentencepiece data in test_slowfast_sentencepiece_data.py) on the
 raw-format WMT fixtures, through sacrebleu's fixture cache (no network)."""
 
 import hashlib
@@ -45,6 +46,7 @@ def test_the_corpora_are_the_papers_sizes():
     assert sorted(CORPORA) == sorted(
         [f"wmt14-en-de-slowfast-{n}" for n in ("50k", "500k", "1000k")]
         + [f"wmt14-en-de-slowfast-bpe{k}k" for k in (10, 20, 30, 40, 50)]
+        + ["wmt14-en-de-slowfast-spm"]
     )
 
 

@@ -525,3 +525,138 @@ def test_crf_tagger_trains_on_its_likelihood_and_predicts_by_viterbi(tmp_path):
                                                     user_dir=str(USER_DIR))
     sentence = "a young man is sitting on a bench ."
     assert hub.eval().predict_label(sentence) == ["O"] * len(sentence.split())
+
+
+# ---- the originals' classification: words-only trees, input dropout ------------------------
+
+def test_words_only_hand_built():
+    from fairseq_plugins.modules.common.sentence_words import words_only
+
+    # <s>=0, pad=1, </s>=2; the second row left-padded, the third with a placeholder (99) in front of <s>
+    rows = torch.tensor([[0, 5, 6, 7, 2], [1, 1, 0, 8, 2], [99, 0, 9, 2, 1]])
+    assert words_only(rows, bos=0, eos=2, pad=1).tolist() == [[5, 6, 7], [8, 1, 1], [99, 9, 1]]
+    with pytest.raises(ValueError, match="nothing to encode"):
+        words_only(torch.tensor([[0, 2], [0, 5]]), bos=0, eos=2, pad=1)
+
+
+def _letters():
+    d = Dictionary()
+    for w in "abcdefg":
+        d.add_symbol(w)
+    return d
+
+
+@pytest.mark.parametrize("arch", ["bpt_classifier", "segtree_classifier"])
+def test_tree_leaves_are_the_sentence_words(arch):
+    """With --no-bos-eos-tokens the tree is built over the words alone: its leaves (the encoder's
+    token nodes) are exactly the sentence's tokens, and the root is the one the bare words give."""
+    torch.manual_seed(0)
+    d = _letters()
+    model = _tiny_model(MODELS[arch], arch, d, "--no-bos-eos-tokens", "--sentence-readout", "root")
+    words = [[5, 6, 7], [8, 9]]
+    rows = torch.tensor([[d.bos(), 5, 6, 7, d.eos()], [d.bos(), 8, 9, d.eos(), d.pad()]])
+    with torch.no_grad():
+        got, out = model(rows)
+        model.cfg.no_bos_eos_tokens = False  # the same weights, fed the bare words
+        want = [model(torch.tensor([w]))[0] for w in words]
+        _, with_specials = model(rows)
+    leaves = out["src_tokens"][0]
+    assert [row[row.ne(d.pad())].tolist() for row in leaves] == words
+    assert out["encoder_out"][0].size(0) == 3  # token nodes of the longest sentence, no <s>/</s> among them
+    torch.testing.assert_close(got, torch.cat(want), rtol=1e-5, atol=1e-5)
+    assert with_specials["src_tokens"][0][:, 0].tolist() == [d.bos()] * 2  # without the option: <s> is a leaf
+
+
+def test_words_only_refuses_what_needs_the_specials():
+    d = _letters()
+    with pytest.raises(ValueError, match="cls-max reads the <s>"):
+        _tiny_model(BPTClassifierModel, "bpt_classifier", d, "--no-bos-eos-tokens", "--sentence-readout", "cls-max")
+    model = _tiny_model(BPTClassifierModel, "bpt_classifier", d, "--no-bos-eos-tokens")
+    with pytest.raises(ValueError, match="tagger"):
+        model.register_classification_head("tags", num_classes=3, token_level=True)
+
+
+@pytest.mark.parametrize("arch", ["bpt_classifier", "transformer_classifier"])
+def test_embed_dropout_drops_the_embeddings_in_training_only(arch):
+    """--embed-dropout is the only stochastic step of a model with every other rate 0: in float64, the
+    training output equals the evaluation output computed from the embeddings it dropped; the
+    dropped embeddings are the embedding layer's output, zeroed or scaled by 1/(1-p)."""
+    torch.manual_seed(0)
+    d = _letters()
+    p = 0.4
+    model = _tiny_model(MODELS[arch], arch, d, "--embed-dropout", str(p), "--attention-dropout", "0",
+                        "--no-scale-embedding", "--no-token-positional-embeddings")
+    assert _tiny_model(MODELS[arch], arch, d, "--dropout", "0.3").encoder.dropout_module.p == 0.3  # unset: --dropout
+    model.register_classification_head("head", num_classes=3)
+    model.double()
+    rows = torch.tensor([[0, 5, 6, 7, 8, 9, 10, 2]] * 8)
+    seen = {}
+
+    def keep(module, args, out):
+        seen["in"], seen["out"] = args[0], out
+
+    hook = model.encoder.dropout_module.register_forward_hook(keep)
+    model.train()
+    trained, _ = model(rows, classification_head_name="head")
+    hook.remove()
+    embedded, dropped = seen["in"], seen["out"]
+    torch.testing.assert_close(embedded, model.encoder.embed_tokens(rows))
+    zeroed = dropped.eq(0)
+    torch.testing.assert_close(dropped, torch.where(zeroed, 0.0, embedded / (1 - p)))
+    assert 0.25 < zeroed.double().mean().item() < 0.55
+    model.eval()
+    with torch.no_grad():
+        plain, _ = model(rows, classification_head_name="head")
+        hook = model.encoder.dropout_module.register_forward_hook(lambda module, args, out: dropped)
+        replayed, _ = model(rows, classification_head_name="head")
+        hook.remove()
+    torch.testing.assert_close(trained, replayed, rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(trained, plain)  # in training the embeddings were dropped; in evaluation never
+    assert torch.equal(model.encoder.dropout_module(embedded), embedded)
+
+
+@pytest.mark.slow
+def test_bpt_classifier_as_the_original_cli(sentence_data, tmp_path):
+    """fairseq-train with the original's settings (input dropout and its layer norm, weight decay,
+    words-only tree):
+    they reach the trained model, which learns and scores as the hub predicts."""
+    save = _train(sentence_data, tmp_path / "ckpt", "--arch", "bpt_classifier", *SENTENCE_ARGS,
+                  "--embed-dropout", "0.4", "--layernorm-dropped-embedding", "--weight-decay", "5e-5",
+                  "--no-bos-eos-tokens", "--sentence-readout", "root", "--max-update", "60")
+    hub = BPTClassifierModel.from_pretrained(str(save), "checkpoint_best.pt", str(sentence_data),
+                                             user_dir=str(USER_DIR))
+    hub.eval()
+    cfg = hub.model.cfg
+    assert (cfg.embed_dropout, cfg.layernorm_dropped_embedding, cfg.no_bos_eos_tokens) == (0.4, True, True)
+    assert hub.model.encoder.dropout_module.p == 0.4 and hub.model.encoder.dropout_module.norm is not None
+    state = torch.load(save / "checkpoint_best.pt", weights_only=False)
+    assert state["cfg"]["optimizer"]["weight_decay"] == 5e-5
+    accuracy = _accuracy(hub, sentence_data.parent / "raw")
+    labels = (sentence_data.parent / "raw" / "test.label").read_text().split()
+    assert accuracy > max(labels.count(x) for x in set(labels)) / len(labels)
+    assert score_checkpoint(save / "checkpoint_best.pt", sentence_data)["accuracy"] == pytest.approx(100 * accuracy)
+
+
+def test_layernorm_after_the_embedding_dropout():
+    """--layernorm-dropped-embedding: norm(dropout(embedding)) in float64, the originals' order; in
+    evaluation the plain norm of the embeddings."""
+    d = _letters()
+    model = _tiny_model(BPTClassifierModel, "bpt_classifier", d, "--embed-dropout", "0.4",
+                        "--layernorm-dropped-embedding").double()
+    module = model.encoder.dropout_module
+    with torch.no_grad():
+        module.norm.weight.uniform_(0.5, 1.5)
+        module.norm.bias.uniform_(-0.5, 0.5)
+    x = torch.randn(2, 5, 32, dtype=torch.float64)
+    module.train()
+    torch.manual_seed(1)
+    got = module(x)
+    torch.manual_seed(1)
+    kept = torch.nn.functional.dropout(torch.ones_like(x), 0.4, training=True)  # the same draw: 0 or 1/(1-p)
+    norm = lambda y: torch.nn.functional.layer_norm(y, (32,), module.norm.weight, module.norm.bias, 1e-5)  # noqa: E731
+    torch.testing.assert_close(got, norm(x * kept), rtol=1e-12, atol=1e-12)
+    module.eval()
+    torch.testing.assert_close(module(x), norm(x), rtol=1e-12, atol=1e-12)
+    assert _tiny_model(BPTClassifierModel, "bpt_classifier", d).encoder.dropout_module.norm is None  # default: none
+    with pytest.raises(ValueError, match="--layernorm-embedding"):
+        _tiny_model(BPTClassifierModel, "bpt_classifier", d, "--layernorm-dropped-embedding", "--layernorm-embedding")

@@ -138,3 +138,30 @@ def test_a_download_with_the_pinned_checksum_is_unpacked(tmp_path, monkeypatch):
     monkeypatch.setattr(classification, "SST", dataclasses.replace(classification.SST, sha256=sha256_of(archive)))
     out = prepare_data.main(["sst5", "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache")])
     assert json.loads((out / "prep.json").read_text())["examples"] == {"train": 3, "valid": 2, "test": 2}
+
+
+def test_lowercase_preparations_are_their_own(tmp_path):
+    """The originals' lowercasing: words lowercased after tokenization, labels kept, recorded in
+    prep.json; the lowercased corpus is a name of its own, with another dictionary than the cased one."""
+    cased = _prepare("sst5-phrases", tmp_path, FIXTURES / "sst")
+    lowered = _prepare("sst5-phrases-lowercase", tmp_path, FIXTURES / "sst")
+    asked = prepare_data.main(["sst5-phrases", "--lowercase", "--out", str(tmp_path / "asked"),
+                               "--raw-dir", str(FIXTURES / "sst")])
+    cased_text = (cased / "text" / "train.input0").read_text()
+    assert cased_text.startswith("The film works .")
+    for out in (lowered, asked):
+        assert (out / "text" / "train.input0").read_text() == cased_text.lower()
+        assert (out / "text" / "train.label").read_text() == (cased / "text" / "train.label").read_text()
+        assert json.loads((out / "prep.json").read_text())["lowercase"] is True
+    assert json.loads((cased / "prep.json").read_text())["lowercase"] is False
+    assert json.loads((lowered / "prep.json").read_text())["corpus"] == "sst5-phrases-lowercase"
+    cased_words = {line.split()[0] for line in (cased / "input0" / "dict.txt").read_text().splitlines()}
+    lower_words = {line.split()[0] for line in (lowered / "input0" / "dict.txt").read_text().splitlines()}
+    assert "The" in cased_words and "The" not in lower_words and lower_words == {w.lower() for w in cased_words}
+    imdb = _prepare("imdb-lowercase", tmp_path, FIXTURES / "aclImdb")
+    text = (imdb / "text" / "train.input0").read_text()
+    assert text == text.lower() and text.strip()
+    with pytest.raises(SystemExit, match="--lowercase"):
+        prepare_data.main(["enwik8", "--lowercase", "--out", str(tmp_path / "lm")])
+    with pytest.raises(SystemExit, match="--lowercase is for classification corpora"):
+        prepare_data.main(["multi30k-en-de", "--lowercase", "--out", str(tmp_path / "mt")])

@@ -94,24 +94,29 @@ def test_mismatched_sides_are_rejected():
         DocumentPairDataset(src, tgt, d, d, docids[:-1], 5)
 
 
-@pytest.mark.parametrize("config", ["bpt-table6:bpt-k4-l128", "bpt-table6:transformer-l128",
-                                    "bpt-table6:transformer-aligned-l128", "bpt-table6:bpt-k8-l32"])
-def test_table_configs_batch_the_papers_128_samples_at_every_context_length(config):
-    """BPT Table 10: 128 samples per batch; a sample counts its whole context window, so a token
-    budget would hold fewer at large l (about 55 at l = 128 with 8192 tokens)."""
+@pytest.mark.parametrize("config, samples_per_batch", [
+    ("bpt-table6:bpt-k4-l0", 128), ("bpt-table6:bpt-k4-l32", 64), ("bpt-table6:transformer-l64", 32),
+    ("bpt-table6:transformer-aligned-l128", 16), ("bpt-table6:bpt-k8-l128", 16), ("bpt-table5:bpt-k4-l32", 64),
+])
+def test_table_configs_batch_the_originals_chunk_samples(config, samples_per_batch):
+    """The original's iwslt-*-{32,64,128}.yml: 64, 32, 16 chunk samples per batch; at l = 0 the
+    paper's 128 sentences (Table 10). A sample counts its whole context window, so a token budget
+    (--max-tokens) would hold a varying number: the configs count samples (--batch-size)."""
     from fairseq_plugins.recipes.config import load_config, train_options
 
     cfg = load_config(config)
+    assert cfg["task"]["document-samples"] == "chunks"
     train = train_options(cfg, world_size=cfg["gpus"])
     d = Dictionary()
     for w in range(200):
         d.add_symbol(f"w{w}")
     rng = np.random.default_rng(0)
-    lengths = rng.integers(10, 40, size=1200)  # IWSLT-like sentences, 120-sentence talks
+    lengths = rng.integers(10, 40, size=3600)  # IWSLT-like sentences, 120-sentence talks
     src = Sentences([list(rng.integers(d.nspecial, len(d), size=n)) + [d.eos()] for n in lengths])
     tgt = Sentences([list(rng.integers(d.nspecial, len(d), size=n)) + [d.eos()] for n in lengths])
     docids = [str(i // 120) for i in range(len(lengths))]
-    ds = DocumentPairDataset(src, tgt, d, d, docids, max_context_tokens=cfg["task"]["context-tokens"])
+    ds = DocumentPairDataset(src, tgt, d, d, docids, max_context_tokens=cfg["task"]["context-tokens"],
+                             samples=cfg["task"]["document-samples"])
     batches = ds.batch_by_size(ds.ordered_indices(), train.get("max-tokens"), train.get("batch-size"))
     sizes = sorted(len(b) for b in batches)
-    assert sizes[1:] == [128] * (len(sizes) - 1) and sizes[0] == len(lengths) % 128
+    assert sizes[1:] == [samples_per_batch] * (len(sizes) - 1) and sizes[0] == len(ds) % samples_per_batch

@@ -8,6 +8,7 @@ import pytest
 
 pytest.importorskip("fairseq")
 from fairseq_plugins.recipes import evaluate, prepare_data, reproduce_table, train  # noqa: E402
+from fairseq_plugins.recipes.config import load_config  # noqa: E402
 
 from tests.cli import FIXTURES, TINY_MODEL_ARGS  # noqa: E402
 
@@ -26,6 +27,10 @@ def test_every_row_trains_and_translates_with_its_context_length(table, tmp_path
             assert table == "bpt-table5" and context is None
             continue
         assert context is not None and int(context.group(1)) in (0, 32, 64, 128)
+        # the original's chunk samples, with its 64/32/16 of them per batch (l = 0: the paper's 128)
+        assert "--document-samples chunks" in command
+        batch = {0: 128, 32: 64, 64: 32, 128: 16}[int(context.group(1))]
+        assert re.search(r"--batch-size (\d+)", command).group(1) == str(batch)
     if table == "bpt-table5":  # "BPT (k = 4, l = 64)" is the one document-level row, run at l = 32
         assert [c for c in commands if "--task document_translation" in c] == [
             c for c in commands if "--context-tokens 32" in c and "--arch bpt_document" in c]
@@ -50,7 +55,12 @@ def test_document_level_row_end_to_end_on_the_fixture(tmp_path):
     result = evaluate.main([config, "--data", str(data), "--checkpoint", str(run_dir / "checkpoint_last.pt"),
                             "--results-dir", str(tmp_path / "results")])
     assert result["sentences"] == len(test_docids)
+    generated = (tmp_path / "results" / "bpt-table6" / "transformer-l32" / "generate-test.txt").read_text()
+    assert "--document-samples chunks" in " ".join(evaluate.generate_command(
+        load_config(config), data, run_dir / "checkpoint_last.pt", "test", cpu=True))
+    hypothesis_ids = sorted(int(line.split("\t")[0][2:]) for line in generated.splitlines() if line.startswith("H-"))
+    assert hypothesis_ids == list(range(len(test_docids)))  # chunks split back: each sentence once
     saved = json.loads((tmp_path / "results" / "bpt-table6" / "transformer-l32.json").read_text())
     assert saved["column"] == "32" and saved["row"] == "Transformer (full cross-attention)"
-    assert saved["target_context"] == "translations" and saved["test_set"] == \
+    assert saved["target_context"] == "same-pass" and saved["test_set"] == \
         "IWSLT15 zh-en TED.tst2010+TED.tst2011+TED.tst2012+TED.tst2013 (WIT3 xml)"

@@ -111,3 +111,29 @@ def test_bpt_document_trains_and_translates_each_sentence_once(tmp_path):
     parse_bleu(out)
     inter = interactive(data, checkpoint, ["a dog runs . <s> a man is walking ."], DOC_ARGS)
     assert sorted(hypotheses(inter)) == [0]
+
+
+def test_chunk_samples_train_and_translate_every_sentence_once_against_its_reference(tmp_path):
+    """--document-samples chunks (the original BPT code's samples): a chunk's sentences are
+    translated together, and fairseq-generate prints and scores each test sentence once."""
+    from sacrebleu.metrics import BLEU
+
+    data = binarized_doc_fixture(tmp_path)
+    args = DOC_ARGS + ["--document-samples", "chunks"]
+    log = train(data, tmp_path / "ckpt", "transformer_document", args, max_update=20).stdout
+    assert "samples (chunks, --context-tokens 32)" in log
+    checkpoint = tmp_path / "ckpt" / "checkpoint_last.pt"
+    references = (FIXTURE / "test.de").read_text().splitlines()
+    for mode in ("translations", "same-pass"):
+        out = generate(data, checkpoint, args + ["--target-context", mode])
+        lines = out.splitlines()
+        assert sum(line.startswith("H-") for line in lines) == len(references)
+        hyps = hypotheses(out)
+        assert sorted(hyps) == list(range(len(references)))
+        targets = {int(line.split("\t")[0][2:]): line.split("\t")[1] for line in lines if line.startswith("T-")}
+        for i, reference in enumerate(references):  # its own reference sentence, not its chunk
+            assert len(targets[i].split()) == len(reference.split())
+            assert all(got in (want, "<<unk>>") for got, want in zip(targets[i].split(), reference.split()))
+        ordered = [hyps[i] for i in range(len(references))]
+        expected = BLEU().corpus_score(ordered, [[targets[i] for i in range(len(references))]]).score
+        assert parse_bleu(out) == pytest.approx(expected, abs=0.01)
