@@ -60,7 +60,8 @@ def test_torchrun_processes_without_a_gpu_are_told_to_add_cpu(tmp_path):
     # each process prints the line (torchrun may stop one before it does)
     assert f"\n{line}\n" in f"\n{proc.stderr}", proc.stderr[-3000:]
     assert f"traceback : {line}\n" in proc.stderr, proc.stderr[-3000:]
-    assert proc.stderr.count("Traceback (most recent call last)") == 1, proc.stderr[-3000:]  # torchrun's, none of fairseq
+    # torchrun's traceback, none of fairseq's
+    assert proc.stderr.count("Traceback (most recent call last)") == 1, proc.stderr[-3000:]
     assert "NCCL built in" not in proc.stderr
 
 

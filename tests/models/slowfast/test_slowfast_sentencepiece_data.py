@@ -5,7 +5,6 @@ with fairseq-train, decoded with --remove-bpe sentencepiece and scored."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from fairseq.data import Dictionary
@@ -13,11 +12,12 @@ from fairseq.data import Dictionary
 from fairseq_plugins.recipes import evaluate
 from fairseq_plugins.modules.slowfast.subword_characters import detect_subword_style
 from fairseq_plugins.recipes.data.sentencepiece_segmentation import SENTENCEPIECE_WORD_START
-from tests.cli import generate, train
+from tests.cli import FIXTURES, REPO, generate, train
 from tests.sacrebleu_fixture import sacrebleu_env
 
-REPO = Path(__file__).resolve().parents[1]
-WMT = REPO / "tests" / "fixtures" / "wmt"
+pytestmark = pytest.mark.cli  # spm_data_bin runs prepare-data in a process of its own
+
+WMT = FIXTURES / "wmt"
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,8 @@ from fairseq_plugins.tasks.document_translation import (  # noqa: E402
     DocumentTranslationConfig,
     DocumentTranslationTask,
 )
-from tests.test_document_dataset import Sentences, toy_corpus  # noqa: E402
-from tests.test_document_decoding import _Encoder  # noqa: E402
+from tests.tasks.document.test_document_dataset import Sentences, toy_corpus  # noqa: E402
+from tests.tasks.document.test_document_decoding import _Encoder  # noqa: E402
 
 
 def original_chunks(docids, lengths, context_length):

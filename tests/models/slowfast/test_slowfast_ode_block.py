@@ -6,7 +6,7 @@ import torch
 
 from fairseq_plugins.modules.slowfast.ode_block import RK2Gate, rk2_step
 from tests.cli import hypotheses, train_and_translate
-from tests.test_slowfast_modules import _batch, _dictionary, build_model
+from tests.models.slowfast.test_slowfast_modules import _batch, _dictionary, build_model
 
 
 def _summary(x):
