@@ -43,6 +43,7 @@ def test_two_cpu_processes_under_torchrun_train_in_lockstep(tiny_data_bin, tmp_p
     assert (tmp_path / "ckpt" / "checkpoint_last.pt").exists()
 
 
+@pytest.mark.cli
 @pytest.mark.slow
 def test_torchrun_processes_without_a_gpu_are_told_to_add_cpu(tmp_path):
     """Without --cpu, each process would start NCCL and die in three tracebacks ('NCCL not built

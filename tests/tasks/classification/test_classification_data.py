@@ -140,6 +140,7 @@ def test_a_download_with_the_pinned_checksum_is_unpacked(tmp_path, monkeypatch):
     assert json.loads((out / "prep.json").read_text())["examples"] == {"train": 3, "valid": 2, "test": 2}
 
 
+@pytest.mark.cli
 def test_lowercase_preparations_are_their_own(tmp_path):
     """The originals' lowercasing: words lowercased after tokenization, labels kept, recorded in
     prep.json; the lowercased corpus is a name of its own, with another dictionary than the cased one."""
