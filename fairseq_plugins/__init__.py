@@ -24,8 +24,3 @@ KNOWN_WARNINGS = (
 )
 for _message in KNOWN_WARNINGS:
     warnings.filterwarnings("ignore", message=_message, category=UserWarning, append=True)
-
-# fairseq's commands print a refusal of the plugin (a CommandError) in one line, as its own commands do
-from .command_line import print_command_errors_in_one_line  # noqa: E402  (needs __version__ above)
-
-print_command_errors_in_one_line()
