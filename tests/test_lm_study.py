@@ -61,6 +61,9 @@ def test_every_model_has_the_baseline_sizes():
 def test_models_are_chosen_and_the_baseline_always_runs_first():
     args = lm_study.parser().parse_args(["--models", "sparse_lm,bpt_lm"])
     assert list(lm_study.model_flags(args)) == ["transformer_lm", "bpt_lm k4", "sparse_lm s128"]
+    assert lm_study.parser().parse_args(["--seeds", "4,5"]).seeds == [4, 5]
+    with pytest.raises(SystemExit):
+        lm_study.parser().parse_args(["--seeds", "1,two"])
     with pytest.raises(ValueError, match="unknown lstm_lm"):
         lm_study.model_flags(lm_study.parser().parse_args(["--models", "bpt_lm,lstm_lm"]))
 

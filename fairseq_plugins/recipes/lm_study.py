@@ -302,6 +302,13 @@ def markdown(result: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def _seeds(text: str) -> List[int]:
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated integers, e.g. 1,2,3") from None
+
+
 def parser(defaults: Dict[str, object] = None) -> argparse.ArgumentParser:
     p = command_parser(description=__doc__)
     p.add_argument("--out", type=Path, default=Path("results") / "lm_study",
@@ -316,7 +323,7 @@ def parser(defaults: Dict[str, object] = None) -> argparse.ArgumentParser:
     p.add_argument("--heads", type=int, default=4, help="attention heads (default: %(default)s)")
     p.add_argument("--dropout", type=float, default=0.0, help="dropout (default: %(default)s)")
     p.add_argument("--models", type=lambda v: v.split(","), default=list(ALL_MODELS),
-                   help="comma-separated LMs trained beside transformer_lm (default: all of them: %(default)s)")
+                   help=f"comma-separated LMs trained beside transformer_lm (default: all: {','.join(ALL_MODELS)})")
     p.add_argument("--k", type=int, default=4, help="BPT's k")
     p.add_argument("--window", type=int, default=64, help="window_lm's --attention-window (default: %(default)s)")
     p.add_argument("--stride", type=int, default=128, help="sparse_lm's --sparse-stride (default: %(default)s)")
@@ -327,7 +334,7 @@ def parser(defaults: Dict[str, object] = None) -> argparse.ArgumentParser:
     p.add_argument("--heldout-chars", type=int, default=20480, help="characters in valid, and in test")
     p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS") or 2),
                    help="CPU threads per fairseq process (default: $OMP_NUM_THREADS, else 2)")
-    p.add_argument("--seeds", type=lambda v: [int(x) for x in v.split(",")], default=[1, 2, 3],
+    p.add_argument("--seeds", type=_seeds, default=[1, 2, 3],
                    help="comma-separated random seeds, one full run of every model each (default: 1,2,3)")
     p.add_argument("--checkpoint-interval", type=int,
                    help="updates between the checkpoints kept for the equal-time scores (default: a 20th of "
