@@ -46,8 +46,10 @@ from .lm_study import markdown as lm_markdown, parser as lm_parser, run_study
 from .tools import Tools
 from .train_log import epoch_summaries, model_params, progress
 
-# --lm: lm_study at a smaller scale (its other settings are lm_study's defaults)
+# --lm: lm_study at a smaller scale, BPT against the transformer, one seed (its other settings are
+# lm_study's defaults)
 DEMO_LM = ["--updates", "120", "--rounds", "3"]
+DEMO_LM_DEFAULTS = {"models": ["transformer_lm", "bpt_lm"], "seeds": [1]}
 PLOT_FEATURE = "the demo's plot (demo.png)"
 
 # With --minutes, each architecture gets an equal share of the time left. Training gets that
@@ -346,7 +348,7 @@ def write_results(rows: List[dict], run_info: dict, out: Path) -> str:
 
 def language_model_part(out: Path, threads: int, options: List[str] = DEMO_LM) -> dict:
     """The --lm part: lm_study with ``options`` into ``out``; prints and returns its result."""
-    args = lm_parser().parse_args([*options, "--out", str(out), "--threads", str(threads)])
+    args = lm_parser(DEMO_LM_DEFAULTS).parse_args([*options, "--out", str(out), "--threads", str(threads)])
     print(f"[demo] language model: bpt_lm k{args.k} against transformer_lm at context {args.context}, "
           f"{args.updates} updates each", flush=True)
     result = run_study(args, say=lambda line: print(line, flush=True))
