@@ -1,7 +1,7 @@
 // Fused sparse graph attention (BP-Transformer / SegTree): the kernels and their launchers.
 //
 // Compiled by nvcc (graph_attention_kernels.cu) and, unchanged, by g++ on a CPU with the
-// host emulation of host_emulation.h (tests/test_cuda_ext_emulation.py). The includer
+// host emulation of host_emulation.h (tests/graph_attention/test_cuda_ext_emulation.py). The includer
 // defines GA_DEVICE_GUARD(tensor) and GA_LAUNCH(kernel_pointer, grid, block, args...).
 //
 // Work is a list of pieces of CSR rows (the schedule, built once per graph by
@@ -30,7 +30,7 @@
 //           device for every call), never passed by value: a captured CUDA graph replays
 //           the draw, and with it a new mask.
 // offsets   every element offset is computed in int64, such as (bh * N + node) * D:
-//           B * H * N * D may exceed 2^31 (tests/test_cuda_ext_offsets.py).
+//           B * H * N * D may exceed 2^31 (tests/graph_attention/test_cuda_ext_offsets.py).
 #pragma once
 
 #include <ATen/ATen.h>
