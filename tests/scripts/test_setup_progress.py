@@ -6,7 +6,11 @@ import re
 import subprocess
 import time
 
+import pytest
+
 from tests.cli import REPO
+
+pytestmark = pytest.mark.cli  # each test runs a part of scripts/setup.sh in bash
 
 
 def run_step(command: str, seconds: int = 1):
