@@ -755,6 +755,26 @@ FIXES = (
             ),
         ),
     ),
+    Fix(
+        name="jit_script_at_import",
+        why=(
+            "torch 2.14 deprecates torch.jit.script, and every fairseq command printed "
+            "'FutureWarning: `torch.jit.script` is deprecated': importing fairseq.models imports "
+            "every module of its folder, model_utils too, which scripts five helpers at import. "
+            "Nothing in fairseq 0.12.2 or the plugin calls them, and TorchScript compiles a "
+            "scripted caller's callees anyway, so they stay plain functions."
+        ),
+        edits=tuple(
+            TextEdit(
+                "fairseq/models/model_utils.py",
+                f"@torch.jit.script\ndef {name}(",
+                f"# fairseq_plugins: not scripted at import (torch.jit.script is deprecated)\ndef {name}(",
+            )
+            for name in (
+                "script_skip_tensor_list", "script_skip_tensor", "expand_2d_or_3d_tensor", "coalesce", "fill_tensors",
+            )
+        ),
+    ),
 )
 
 

@@ -114,13 +114,18 @@ def train(data_bin: Path, save_dir: Path, arch: str, extra_train_args: Sequence 
     return run_cli("fairseq-train", *train_args(data_bin, save_dir, arch, extra_train_args, max_update))
 
 
-def generate(data_bin: Path, checkpoint: Path, extra_args: Sequence = ()) -> str:
-    """fairseq-generate the test set with beam 4; returns stdout (hypotheses and the BLEU line)."""
-    return run_cli(
-        "fairseq-generate", data_bin, "--user-dir", USER_DIR, "--path", checkpoint, "--gen-subset", "test",
+def generate_args(data_bin: Path, checkpoint: Path, extra_args: Sequence = ()):
+    """The fairseq-generate arguments that translate the test set with beam 4, on CPU."""
+    return [
+        data_bin, "--user-dir", USER_DIR, "--path", checkpoint, "--gen-subset", "test",
         "--beam", "4", "--batch-size", "16", "--scoring", "sacrebleu", "--cpu", "--num-workers", "0",
         *extra_args,
-    ).stdout  # fmt: skip
+    ]  # fmt: skip
+
+
+def generate(data_bin: Path, checkpoint: Path, extra_args: Sequence = ()) -> str:
+    """fairseq-generate the test set with beam 4; returns stdout (hypotheses and the BLEU line)."""
+    return run_cli("fairseq-generate", *generate_args(data_bin, checkpoint, extra_args)).stdout
 
 
 def interactive(data_bin: Path, checkpoint: Path, lines: Iterable[str], extra_args: Sequence = ()) -> str:

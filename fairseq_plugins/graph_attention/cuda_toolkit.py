@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Dict, Optional
 
@@ -68,8 +69,10 @@ def toolkit_problem(home: Optional[Path]) -> Optional[str]:
 
 def prepare_build() -> Optional[str]:
     """Point torch's extension build at the toolkit of ``find_cuda_home`` and return why the
-    kernels cannot be built here (None: they can). Needs no GPU. Sets ``CUDA_HOME`` when unset
-    before torch's build module is imported, so that torch's own messages name that toolkit."""
+    kernels cannot be built here (None: they can). Needs no GPU. Sets ``CUDA_HOME`` when unset,
+    which the build's child process reads (``extension_build.BUILD_PROGRAM``), so that torch's
+    own messages name that toolkit. torch's build module is not imported here: without a GPU its
+    import logs "No CUDA runtime is found", a notice about this machine, not the build."""
     if torch.version.cuda is None:
         return f"torch {torch.__version__} is a CPU-only build"
     home = find_cuda_home()
@@ -77,9 +80,9 @@ def prepare_build() -> Optional[str]:
     if problem is not None:
         return problem
     os.environ.setdefault("CUDA_HOME", str(home))
-    from torch.utils import cpp_extension
-
-    cpp_extension.CUDA_HOME = str(home)  # read by torch's build at call time, even when imported before
+    cpp_extension = sys.modules.get("torch.utils.cpp_extension")
+    if cpp_extension is not None:  # imported before: its build reads CUDA_HOME from here, at call time
+        cpp_extension.CUDA_HOME = str(home)
     return None
 
 
