@@ -68,7 +68,8 @@ def train(data: Path, save: Path, arch: str, seed: int, updates: int, num_classe
     cmd = ["fairseq-train", str(data), "--user-dir", str(USER_DIR), "--arch", arch, *size,
            "--task", "sentence_prediction", "--criterion", "sentence_prediction", "--num-classes", str(num_classes),
            "--init-token", "0", "--max-positions", "512", "--optimizer", "adam", "--lr", str(lr),
-           "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(warmup), "--batch-size", "32", "--dropout", "0.1", "--max-update", str(updates),
+           "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(warmup), "--batch-size", "32",
+           "--dropout", "0.1", "--max-update", str(updates),
            "--max-epoch", "0", "--seed", str(seed), "--save-dir", str(save), "--no-epoch-checkpoints",
            "--no-save-optimizer-state", "--log-format", "simple", "--cpu", "--num-workers", "0"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
@@ -94,7 +95,7 @@ def report(results: Dict[str, Dict[int, float]], what: str, updates: int, majori
         std = statistics.stdev(values) if len(values) > 1 else 0.0
         lines.append(f"| {MODELS[arch]} | " + " | ".join(f"{v:.2f}" for v in values)
                      + f" | {statistics.fmean(values):.2f} ± {std:.2f} | {min(values):.2f}-{max(values):.2f} |")
-    lines.append(f"| majority class | " + " | ".join(f"{majority:.2f}" for _ in seeds)
+    lines.append("| majority class | " + " | ".join(f"{majority:.2f}" for _ in seeds)
                  + f" | {majority:.2f} | {majority:.2f} |")
     return "\n".join(lines) + "\n"
 
@@ -155,7 +156,8 @@ def main(argv=None) -> str:
              f"runs' starts was {load['mean']:.1f} on average (max {load['max']:.1f}).\n")
     if selection:
         text += (f"\nThe lr: the transformer encoder's validation accuracy (seed {seeds[0]}) at "
-                 + ", ".join(f"{k:g}: {v:.2f}" for k, v in selection.items()) + f"; the best, {lr:g}, for every model.\n")
+                 + ", ".join(f"{k:g}: {v:.2f}" for k, v in selection.items())
+                 + f"; the best, {lr:g}, for every model.\n")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "classification_study.md").write_text(text, encoding="utf-8")
     (args.out / "classification_study.json").write_text(json.dumps(

@@ -28,7 +28,8 @@ def test_tiny_study_chooses_the_lr_on_valid_trains_scores_and_reports(tmp_path):
     assert saved["majority_class_test"] == majority and f"| majority class | {majority:.2f} |" in text
     row = next(line for line in text.splitlines() if line.startswith("| BPT"))
     accuracy = float(row.split("|")[2])
-    assert 0.0 <= accuracy <= 100.0 and saved["test_accuracy"]["bpt_classifier"]["1"] == pytest.approx(accuracy, abs=0.005)
+    assert 0.0 <= accuracy <= 100.0
+    assert saved["test_accuracy"]["bpt_classifier"]["1"] == pytest.approx(accuracy, abs=0.005)
     # a finished run is reused, not retrained
     assert classification_study.main(["--tiny", "--models", "bpt_classifier", "--seeds", "1", "--lr", str(saved["lr"]),
                                       "--out", str(tmp_path)]).count("| BPT") == 1

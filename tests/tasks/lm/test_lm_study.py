@@ -94,7 +94,8 @@ def test_a_row_is_the_mean_and_sample_sd_over_seeds():
     missing = lm_study.summarise("x", [_seed(1, 2.0, None, 0, [0.1]), _seed(2, 3.0, 3.5, 10, [0.2])], 120)
     assert missing["equal_time"]["bpc"] == {"mean": None, "sd": None} and missing["bpc"] == pytest.approx(2.5)
     result = {"settings": {**vars(lm_study.parser().parse_args([])), "checkpoint_interval": 10},
-              "corpus": {"corpus": "c", "python": "3", "sha256": "0" * 64, "symbols": {"train": 1, "valid": 1, "test": 1}},
+              "corpus": {"corpus": "c", "python": "3", "sha256": "0" * 64,
+                         "symbols": {"train": 1, "valid": 1, "test": 1}},
               "load": {"mean": 1.0, "max": 2.0}, "cores": 2, "seconds": 60.0, "rows": [row, missing]}
     table = lm_study.markdown(result)
     assert "| bpt_lm k4 | 100 | 3.000 ± 1.000 | 60, 70, 60 | 3.500 ± 1.000 |" in table
