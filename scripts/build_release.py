@@ -65,7 +65,7 @@ def build_fairseq(python: str, dist: Path) -> Path:
     return Path(shutil.copy(cached, dist))
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dist", type=Path, default=ROOT / "dist", help="the folder the artifacts go to (dist/)")
@@ -74,10 +74,14 @@ def main(argv=None) -> int:
                              "repeat for several")
     parser.add_argument("--no-plugin", dest="plugin", action="store_false",
                         help="skip the plugin's sdist and wheel")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     for python in args.python:
         if shutil.which(python) is None:
-            parser.error(f"--python {python}: no such interpreter")
+            sys.exit(f"build_release: --python {python}: no such interpreter")
     args.dist.mkdir(parents=True, exist_ok=True)
     steps = [("plugin", lambda: build_plugin(args.dist))] if args.plugin else []
     steps += [(python, lambda python=python: [build_fairseq(python, args.dist)]) for python in args.python]
