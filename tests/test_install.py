@@ -171,6 +171,11 @@ def test_an_install_without_fairseq_names_the_command_that_exists_there(install)
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith("fairseq-plugins-train: error: fairseq is not installed; run "
                                   "fairseq-plugins-install-fairseq (it installs the fixed fairseq 0.12.2)")
+    # the import of the plugin's tasks (what --user-dir does first) says the same, in one line
+    proc = subprocess.run([sys.executable, "-S", "-c", "import fairseq_plugins.tasks"], env=env, cwd=far,
+                          capture_output=True, text=True)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "error: fairseq is not installed; run fairseq-plugins-install-fairseq" in proc.stderr
     missing = _python(install, "from fairseq_plugins import resources as r; "
                                "print(r.setup_command()); print(r.extra_command('zh'))").splitlines()
     assert missing == ["fairseq-plugins-install-fairseq", 'pip install "fairseq-multiscale-plugins[zh]"']
