@@ -83,8 +83,10 @@ def build_batch(max_tokens: int, raw_dir: Optional[Path] = None):
 def forward_flops(model, batch) -> int:
     from torch.utils.flop_counter import FlopCounterMode
 
+    from fairseq_plugins.recipes.measure_flops import CPU_ATTENTION  # self-attention's CPU kernel counted too
+
     model.eval()
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+    with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION) as counter:
         model(batch["src_tokens"], batch["src_lengths"], batch["prev_output_tokens"])
     model.train()
     return counter.get_total_flops()

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project's test command: set up when needed (a no-op when all is in place), then pytest.
-#   bash scripts/test.sh [pytest args...]     e.g. bash scripts/test.sh -m "not slow"
-#   bash scripts/test.sh tests/test_install.py -k wheel    # just those: a path replaces `tests`
+#   bash scripts/test.sh [pytest args...]     e.g. bash scripts/test.sh -m "not slow and not cli"
+#   bash scripts/test.sh tests/graphs tests/install/test_install.py -k wheel  # just those: paths replace `tests`
+# tests/ has one folder per layer and family, and the marks slow, cli and gpu (docs/layout.md#tests).
 # SETUP=done skips the set-up (.ci/run has already run it, then lint, before the tests).
 #
 # The tests run in parallel with pytest-xdist (the "test" extra), every worker and the fairseq

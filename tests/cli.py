@@ -17,7 +17,8 @@ from typing import Dict, Iterable, List, Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 USER_DIR = REPO / "fairseq_plugins"
-MULTI30K = REPO / "tests" / "fixtures" / "multi30k"  # the first lines of each split (fixtures/README.md)
+FIXTURES = REPO / "tests" / "fixtures"  # what every test reads (fixtures/README.md)
+MULTI30K = FIXTURES / "multi30k"  # the first lines of each split (fixtures/README.md)
 
 # Small enough to train a few dozen updates in seconds on one CPU core. Every model of the
 # project subclasses fairseq's transformer and accepts these; later arguments win in argparse,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 # Without a GPU, Triton kernels run on the CPU through its interpreter (read when the kernels
-# are defined, so before any test imports them): tests/test_triton_backend.py
+# are defined, so before any test imports them): tests/graph_attention/test_triton_backend.py
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -19,6 +19,8 @@ import fairseq_plugins.tasks  # noqa: F401
 from fairseq_plugins.command_line import MissingExtra
 from tests.cli import tiny_translation_data
 from tests.lm_fixture import prepare_enwik8, train_lm
+
+pytest_plugins = ["tests.markers"]  # the cli and gpu marks
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""fairseq-train as torchrun starts it, then each rank saves what it holds (for tests/test_fairseq_edges.py).
+"""fairseq-train as torchrun starts it, then each rank saves what it holds (for tests/install/test_fairseq_edges.py).
 
     torchrun --standalone --nproc-per-node 2 tests/distributed_probe.py OUT_DIR <fairseq-train arguments>
 

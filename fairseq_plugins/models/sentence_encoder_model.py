@@ -19,6 +19,12 @@ RoBERTa reads MNLI); ``--pair-encoding separate`` encodes each sentence alone wi
 encoder and classifies ``[r1; r2; |r1 - r2|; r1 * r2]``, the Multi-Scale paper's SNLI setup
 (:mod:`fairseq_plugins.modules.common.sentence_pairs`).
 
+``--embed-dropout`` is the dropout on the input embeddings (BPT's and SegTree's ``dropouti``;
+unset: ``--dropout``, fairseq's), ``--layernorm-dropped-embedding`` a layer norm after it (their
+``norm(emb_dropout(h))``); ``--no-bos-eos-tokens`` encodes each sentence without the
+task's ``<s>`` and the ``</s>`` of its row, so that a tree encoder's leaves are the sentence's
+words alone, as in BPT's and SegTree's original classifiers.
+
 ``--crf`` gives a tagger's head a linear-chain CRF
 (:mod:`fairseq_plugins.modules.common.linear_crf`): the sequence_tagging criterion then trains on
 its negative log-likelihood and every prediction is its Viterbi path.
@@ -35,26 +41,29 @@ from fairseq.data import data_utils
 from fairseq.dataclass import ChoiceEnum
 from fairseq.models import BaseFairseqModel
 from fairseq.models.transformer import Embedding, TransformerConfig
+from fairseq.modules import LayerNorm
 
 from fairseq_plugins.data.labels import (
     check_known, check_no_empty_split, check_num_classes, check_regression_targets, class_labels,
 )
 from fairseq_plugins.models.dictionary_fingerprint import DictionaryFingerprint
-from fairseq_plugins.models.model_options import add_config_args, check_at_least, check_choice
+from fairseq_plugins.models.lm_training import EmbeddingDropout, LMTrainingConfig
+from fairseq_plugins.models.model_options import add_config_args, check_at_least, check_choice, config_with_options
 from fairseq_plugins.models.plugin_model import task_data_folders
 from fairseq_plugins.modules.common.char_ngram_embedding import CharNgramWordEmbedding
 from fairseq_plugins.modules.common.classification_heads import ClassificationHead
 from fairseq_plugins.modules.common.pretrained_embeddings import load_pretrained
 from fairseq_plugins.modules.common.sentence_pairs import pair_features, split_pair
 from fairseq_plugins.modules.common.sentence_readout import READOUTS, readout_dim, sentence_vector
+from fairseq_plugins.modules.common.sentence_words import words_only
 
 
 PAIR_ENCODINGS = ("joint", "separate")
 
 
 @dataclass
-class ClassifierOptions:
-    """The options every sentence classifier adds to its encoder's."""
+class _ClassifierOwnOptions:
+    """The options every sentence classifier adds to its encoder's (with ``--embed-dropout``, below)."""
 
     sentence_readout: ChoiceEnum(READOUTS) = field(default="cls-max", metadata={
         "help": "sentence vector: root (tree root node: BPT, SegTree), cls-max ([CLS] joined with max-pooling: "
@@ -78,6 +87,18 @@ class ClassifierOptions:
                 "log-likelihood and decoded by Viterbi (the Multi-Scale paper's + CRF rows)"})
     freeze_embeddings: bool = field(default=False, metadata={
         "help": "keep the input embeddings fixed (with --encoder-embed-path: fixed GloVe, as BPT and SegTree)"})
+    layernorm_dropped_embedding: bool = field(default=False, metadata={
+        "help": "a layer norm on the dropped-out input embeddings, norm(dropout(embedding)), as BPT's and "
+                "SegTree's original classifiers (--layernorm-embedding normalizes before the dropout)"})
+    no_bos_eos_tokens: bool = field(default=False, metadata={
+        "help": "encode each sentence without the <s> in front and the </s> at its end: a tree's leaves are "
+                "then its words alone, as BPT's and SegTree's original classifiers build them (sentence "
+                "classification with a root, max or mean readout)"})
+
+
+# the language models' --embed-dropout, declared once
+ClassifierOptions = config_with_options("ClassifierOptions", _ClassifierOwnOptions, LMTrainingConfig,
+                                        ["embed_dropout"], __name__)
 
 
 def check_task_labels(task) -> None:
@@ -100,6 +121,27 @@ def check_task_labels(task) -> None:
         if split != "train":
             path = os.path.join(folder, split)
             check_known(data_utils.load_indexed_dataset(path, labels), labels, path)
+
+
+def embed_dropout(cfg) -> float:
+    """The dropout rate on the input embeddings: ``--embed-dropout``, unset ``--dropout`` (fairseq's)."""
+    rate = cfg.dropout if cfg.embed_dropout is None else cfg.embed_dropout
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"--embed-dropout {rate}: give a rate in [0, 1]")
+    if cfg.layernorm_dropped_embedding and cfg.layernorm_embedding:
+        raise ValueError("--layernorm-dropped-embedding normalizes the embeddings after their dropout: "
+                         "drop --layernorm-embedding (before it)")
+    return rate
+
+
+def check_words_only(cfg, folders) -> None:
+    """--no-bos-eos-tokens leaves out what a [CLS] readout reads and the </s> that separates a joint pair."""
+    if cfg.sentence_readout in ("cls", "cls-max"):
+        raise ValueError(f"--sentence-readout {cfg.sentence_readout} reads the <s> that --no-bos-eos-tokens leaves "
+                         "out: use root, max or mean")
+    if cfg.pair_encoding == "joint" and any(os.path.isdir(os.path.join(f, "input1")) for f in folders):
+        raise ValueError("--no-bos-eos-tokens would join a pair's sentences (their </s> is the boundary): "
+                         "give --pair-encoding separate")
 
 
 class SentenceEncoderModel(DictionaryFingerprint, BaseFairseqModel):
@@ -140,12 +182,18 @@ class SentenceEncoderModel(DictionaryFingerprint, BaseFairseqModel):
             raise ValueError("--pair-encoding separate splits the sentence_prediction task's pair rows: give the "
                              "task --init-token and --separator-token (e.g. 0 and 2)")
         cls.check_options(cfg)
-        for folder in task_data_folders(task):
+        folders = task_data_folders(task)
+        if cfg.no_bos_eos_tokens:
+            check_words_only(cfg, folders)
+        for folder in folders:
             check_no_empty_split(folder)
         check_task_labels(task)
         dictionary = task.source_dictionary
-        return cls(cfg, cls.build_encoder(cfg, dictionary, cls.build_input_embedding(cfg, dictionary)),
-                   getattr(task, "label_dictionary", None))
+        encoder = cls.build_encoder(cfg, dictionary, cls.build_input_embedding(cfg, dictionary))
+        # fairseq's encoders apply their dropout_module to the embeddings only (forward_embedding)
+        norm = LayerNorm(cfg.encoder.embed_dim) if cfg.layernorm_dropped_embedding else None
+        encoder.dropout_module = EmbeddingDropout(embed_dropout(cfg), norm)
+        return cls(cfg, encoder, getattr(task, "label_dictionary", None))
 
     @classmethod
     def build_input_embedding(cls, cfg, dictionary):
@@ -182,6 +230,9 @@ class SentenceEncoderModel(DictionaryFingerprint, BaseFairseqModel):
 
     def register_classification_head(self, name, num_classes=None, inner_dim=None, token_level=False, **kwargs):
         """A head over the sentence vector, or with ``token_level`` over each token's state."""
+        if token_level and self.cfg.no_bos_eos_tokens:
+            raise ValueError("--no-bos-eos-tokens is for sentence classification: a tagger's tags are read from "
+                             "every token of its row")
         embed_dim = self.cfg.encoder.embed_dim
         input_dim = embed_dim if token_level else readout_dim(self.readout, embed_dim)
         if self.cfg.pair_encoding == "separate" and not token_level:
@@ -217,6 +268,10 @@ class SentenceEncoderModel(DictionaryFingerprint, BaseFairseqModel):
 
     def _sentence_vectors(self, src_tokens, src_lengths):
         want_root = self.readout == "root"
+        if self.cfg.no_bos_eos_tokens:
+            d = self.encoder.dictionary
+            src_tokens = words_only(src_tokens, d.bos(), d.eos(), d.pad())
+            src_lengths = src_tokens.ne(d.pad()).sum(1)
         out = self.encoder(src_tokens, src_lengths=src_lengths, **({"return_root": True} if want_root else {}))
         padding = out["encoder_padding_mask"][0] if out["encoder_padding_mask"] else None
         root = out["encoder_root"][0] if want_root else None

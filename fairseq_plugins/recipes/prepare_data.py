@@ -3,6 +3,7 @@
     fairseq-plugins-prepare-data wmt14-en-de-bpt --out data-bin/wmt14_en_de_bpt
     fairseq-plugins-prepare-data multi30k-en-de --raw-dir ../shared/data/multi30k --out data-bin/multi30k
     fairseq-plugins-prepare-data sst5-phrases --out data-bin/sst5-phrases    # classification: word level, no BPE
+    fairseq-plugins-prepare-data sst5-phrases-lowercase --out data-bin/sst5-phrases-lowercase   # lowercased
     fairseq-plugins-prepare-data enwik8 --out data-bin/enwik8     (also text8, ptb, wikitext-2)
     fairseq-plugins-prepare-data text --raw-dir my_text.txt --out data-bin/my_text   # your own text (or a folder)
 
@@ -32,6 +33,7 @@ LM_CORPORA = language_modeling.CORPORA
 TRANSLATION_ONLY = ("bpe_merges", "vocab_size", "zh_segmentation", "extra_parallel")
 
 
+
 def build_parser() -> argparse.ArgumentParser:
     p = command_parser(description=__doc__)
     p.add_argument("corpus", choices=sorted({**CORPORA, **LM_CORPORA}), help="the corpus to prepare")
@@ -48,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-less-training-data", action="store_true",
                    help="prepare a corpus with fewer training pairs than the paper trained on (e.g. wmt17-zh-en "
                         "without the UN and CWMT corpora); the pair count is recorded beside every score")
+    p.add_argument("--lowercase", action="store_true",
+                   help="classification and word-level language-modelling corpora: lowercase the words (after "
+                        "tokenization; the *-lowercase corpora always are); recorded in prep.json")
     p.add_argument("--no-binarize", action="store_true", help="stop before fairseq-preprocess")
     p.add_argument("--heldout-chars", type=int,
                    help="enwik8/text8/text: symbols in each of valid and test (default: the standard 5M; "
@@ -85,18 +90,21 @@ def _prepare(args) -> Path:
         sys.exit(f"--raw-dir {args.raw_dir} is not a directory")
     if args.corpus in classification.CORPORA:  # word-level sentence_prediction / sequence_tagging layout
         return classification.prepare(args.corpus, args.raw_dir, args.cache_dir, args.out,
-                                      binarize=not args.no_binarize, workers=args.workers)
+                                      binarize=not args.no_binarize, workers=args.workers, lowercase=args.lowercase)
     if args.corpus in LM_CORPORA:
-        given = [name for name in TRANSLATION_ONLY if getattr(args, name) not in (None, [])]
+        given = [name for name in TRANSLATION_ONLY if getattr(args, name) not in (None, [], False)]
         if given:
             sys.exit(f"{args.corpus} is a language-modelling corpus: "
                      f"{', '.join('--' + n.replace('_', '-') for n in given)} do not apply")
         try:
             return language_modeling.prepare(args.corpus, args.raw_dir, args.cache_dir, args.out, workers=args.workers,
                                              binarize=not args.no_binarize, heldout_chars=args.heldout_chars,
-                                             unit=args.unit)
+                                             unit=args.unit, lowercase=args.lowercase)
         except ValueError as err:
             sys.exit(f"{args.corpus}: {err}")
+    if args.lowercase:
+        sys.exit(f"--lowercase is for classification and word-level LM corpora: {args.corpus} is translated "
+                 f"with its recipe's case")
     splits, recipe = CORPORA[args.corpus](args.raw_dir, args.cache_dir, args.extra_parallel)
     check_training_size(args.corpus, len(splits["train"].src), recipe, args.allow_less_training_data)
     if args.bpe_merges is not None:

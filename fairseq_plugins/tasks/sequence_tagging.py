@@ -50,7 +50,8 @@ class SequenceTaggingConfig(FairseqDataclass):
     tag_scheme: ChoiceEnum(TAG_SCHEMES) = field(default="none", metadata={
         "help": "span scoring: BIO (conlleval's rules, also right for IOB1), BIOES (strict), none (accuracy only)"})
     classification_head_name: str = field(default="tagging_head", metadata={"help": "name of the tagger's head"})
-    no_shuffle: bool = False
+    no_shuffle: bool = field(default=False, metadata={
+        "help": "keep the sentences in file order (by default each split is shuffled once, with --seed)"})
     seed: int = II("common.seed")
 
 

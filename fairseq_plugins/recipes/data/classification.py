@@ -13,6 +13,12 @@ sizes recorded beside them. The others have licences that forbid redistribution 
 account (PTB, CoNLL03, CoNLL12) or no maintained download (MTL-16): without their files under
 ``--raw-dir`` the command stops and says where to get them; nothing of theirs is downloaded, so
 there is nothing to check.
+
+``lowercase`` lowercases the words after tokenization (labels and tags are kept), as BPT's and
+SegTree's classifiers read their text (torchtext ``Field(lower=True)``); prep.json records it.
+The corpora those papers ran also have lowercased names of their own (``sst5-phrases-lowercase``,
+``imdb-lowercase``...), so that a config names its data-bin and a lowercased and a cased
+preparation never share a folder.
 """
 
 import json
@@ -275,6 +281,9 @@ CORPORA: Dict[str, Callable] = {
     **{f"mtl16-{domain}": mtl16(domain) for domain in MTL16_DOMAINS},
 }
 TAGGING = ("ptb-pos", "conll03-ner", "conll12-ner")
+# the corpora of BPT's and SegTree's original text_classification.py, which lowercases (Field(lower=True))
+LOWERCASED = {f"{name}-lowercase": name for name in ("sst5", "sst5-phrases", "imdb")}
+CORPORA.update({variant: CORPORA[name] for variant, name in LOWERCASED.items()})
 
 
 # ---------------------------------------------------------------- writing
@@ -310,10 +319,12 @@ def write_label_dictionary(corpus: Corpus, tagging: bool, path: Path) -> List[st
     return sorted(every)
 
 
-def write_corpus(name: str, corpus: Corpus, out: Path, binarize: bool = True, workers: int = 1) -> Path:
+def write_corpus(name: str, corpus: Corpus, out: Path, binarize: bool = True, workers: int = 1,
+                 lowercase: bool = False) -> Path:
     """input0/ (input1/) and label/ text per split under out/text, then fairseq-preprocess."""
     tagging = name in TAGGING
     pretokenized = tagging or name.startswith("sst5")  # treebank and CoNLL words are tokens already
+    lowercase = lowercase or name in LOWERCASED
     empty = [split for split, examples in corpus.splits.items() if not examples]
     if empty:
         raise BadRawData(f"{name}: the {empty[0]} split is empty")
@@ -328,12 +339,14 @@ def write_corpus(name: str, corpus: Corpus, out: Path, binarize: bool = True, wo
         for key in ("input0", "input1"):
             if key in columns and not pretokenized:
                 columns[key] = [tokenize(t) for t in columns[key]]
+            if key in columns and lowercase:  # after tokenization, as torchtext's Field(lower=True)
+                columns[key] = [t.lower() for t in columns[key]]
         for key, lines in columns.items():
             (text_dir / f"{split}.{key}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
         log(f"{name} {split}: {len(examples):,} examples")
     meta = {"corpus": name, "task": "sequence_tagging" if tagging else "sentence_prediction",
             "origin": corpus.origin, "pairs": pairs, "labels": labels, "num_classes": len(labels),
-            "examples": {s: len(e) for s, e in corpus.splits.items()}, **corpus.extra}
+            "examples": {s: len(e) for s, e in corpus.splits.items()}, "lowercase": lowercase, **corpus.extra}
     (out / "prep.json").write_text(json.dumps(meta, indent=2) + "\n")
     if binarize:
         splits = list(corpus.splits)
@@ -352,5 +365,5 @@ def _preprocess(text_dir: Path, dest: Path, key: str, splits: List[str], workers
 
 
 def prepare(name: str, raw_dir: Optional[Path], cache_dir: Path, out: Path, binarize: bool = True,
-            workers: int = 1) -> Path:
-    return write_corpus(name, CORPORA[name](raw_dir, cache_dir), out, binarize, workers)
+            workers: int = 1, lowercase: bool = False) -> Path:
+    return write_corpus(name, CORPORA[name](raw_dir, cache_dir), out, binarize, workers, lowercase)

@@ -19,7 +19,9 @@ How symbols are counted (what ``fairseq-eval-lm``'s per-token loss is averaged o
 * PTB (Mikolov's ``ptb.*.txt``, 10k words, ``<unk>`` in the text) and WikiText-2
   (``wiki.*.tokens``, 33k words): the files as they are, one ``</s>`` per line (empty
   WikiText lines included), the convention of the perplexities the papers compare with;
-  ``text/{split}.txt`` binarized by ``fairseq-preprocess --only-source``.
+  ``text/{split}.txt`` binarized by ``fairseq-preprocess --only-source``. ``--lowercase`` (and
+  the ``wikitext-2-lowercase`` corpus) lowercases them first, as SegTree's original reads
+  WikiText-2.
 """
 
 import hashlib
@@ -123,10 +125,11 @@ def _text8(files) -> List[np.ndarray]:
 
 
 def _copy_splits(names: Dict[str, str]):
-    def copy(files, text_dir: Path) -> Dict[str, int]:
+    def copy(files, text_dir: Path, lowercase: bool = False) -> Dict[str, int]:
         sizes = {}
         for split, name in names.items():
             text = files[name].read_text(encoding="utf-8")
+            text = text.lower() if lowercase else text
             (text_dir / f"{split}.txt").write_text(text, encoding="utf-8")
             sizes[split] = sum(len(line.split()) + 1 for line in text.splitlines())
         return sizes
@@ -151,6 +154,10 @@ CORPORA = {
     "ptb": Corpus(PTB, _copy_splits({s: f"ptb.{s}.txt" for s in SPLITS}), "words + </s>", "ppl"),
     "wikitext-2": Corpus([WIKITEXT2], _copy_splits({s: f"wiki.{s}.tokens" for s in SPLITS}), "words + </s>", "ppl"),
 }
+# SegTree's original lm.py reads WikiText-2 lowercased (torchtext's Field(lower=True)): its own name, so
+# that a config names its data-bin and a lowercased and a cased preparation never share one
+LOWERCASED = {"wikitext-2-lowercase": "wikitext-2"}
+CORPORA.update({name: CORPORA[cased] for name, cased in LOWERCASED.items()})
 
 
 def text_files(source: Path) -> List[Path]:
@@ -202,16 +209,20 @@ def check_format(data: Path) -> None:
 
 
 def prepare(name: str, raw_dir: Optional[Path], cache_dir: Path, out: Path, workers: int = 1,
-            binarize: bool = True, heldout_chars: Optional[int] = None, unit: Optional[str] = None) -> Path:
+            binarize: bool = True, heldout_chars: Optional[int] = None, unit: Optional[str] = None,
+            lowercase: bool = False) -> Path:
     """Find or download the raw files (``text``: read ``raw_dir``, a file or a folder), write
-    the data-bin and ``prep.json``."""
+    the data-bin and ``prep.json``; ``lowercase`` (word corpora) lowercases the text first."""
     corpus = CORPORA[name]
     if unit is not None and name != "text":
         raise ValueError(f"--unit applies to text only: {name} is {corpus.unit}")
+    lowercase = lowercase or name in LOWERCASED
+    if lowercase and corpus.metric == "bpc":
+        raise ValueError(f"--lowercase applies to the word corpora (ptb, wikitext-2): {name} is {corpus.unit}")
     if corpus.metric == "bpc" and not binarize:
         raise ValueError(f"{name} is written as a data-bin directly (no fairseq-preprocess step): "
                          "--no-binarize does not apply")
-    meta = {"corpus": name, "unit": unit or corpus.unit, "metric": corpus.metric}
+    meta = {"corpus": name, "unit": unit or corpus.unit, "metric": corpus.metric, "lowercase": lowercase}
     if name == "text":
         if raw_dir is None:
             raise ValueError("text needs --raw-dir FILE_OR_FOLDER: the text to prepare")
@@ -234,7 +245,7 @@ def prepare(name: str, raw_dir: Optional[Path], cache_dir: Path, out: Path, work
     else:
         text_dir = out / "text"
         text_dir.mkdir(parents=True, exist_ok=True)
-        meta.update(symbols=corpus.read(files, text_dir), heldout=None)
+        meta.update(symbols=corpus.read(files, text_dir, lowercase), heldout=None)
         if binarize:
             fairseq_preprocess_only_source(text_dir, out, SPLITS, workers=workers)
     write_prep(out, meta)
