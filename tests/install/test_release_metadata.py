@@ -1,7 +1,7 @@
 """The project's release metadata agrees with itself: one version number, written once in
 ``fairseq_plugins/__init__.py``, is what pip sees and what the changelog's newest entry names;
 the release workflow builds for the Pythons the package declares, with the script the README
-names, and publishes nothing, as the README says. (``tests/test_install.py`` builds the plugin's
+names, and publishes nothing, as the README says. (``test_install.py`` beside it builds the plugin's
 sdist and wheel with that script and checks their contents.)"""
 
 import importlib.metadata
