@@ -1,5 +1,6 @@
-"""The plugin as a non-editable install: a wheel built from this checkout, installed into a
-temporary folder and used from a working directory far from the checkout.
+"""The plugin as a release ships it: the sdist of this checkout (``scripts/build_release.py``, as
+the release workflow builds it), the wheel built from that sdist, installed into a temporary
+folder and used from a working directory far from the checkout.
 
 Every process here gets ``PYTHONPATH=<install>``: that entry precedes the site-packages whose
 editable finder (appended to ``sys.meta_path``) would otherwise import the checkout, and each
@@ -10,21 +11,20 @@ from the install's own copy of ``cpu_ext/`` into an empty ``FAIRSEQ_PLUGINS_CACH
 import configparser
 import os
 import shutil
+import re
 import subprocess
 import sys
+import tarfile
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
 
+from scripts.build_release import build_plugin
 from tests.cli import REPO, TINY_MODEL_ARGS, write_raw_corpus
 
 pytestmark = [pytest.mark.cli, pytest.mark.slow]  # a wheel built and installed; its commands run
-
-# what a wheel must not pick up from a working checkout
-NOT_SOURCES = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__", "*.pyc", "*.so",
-                                     ".pytest_cache", "_resources", "runs", "data-bin", "checkpoints", "results",
-                                     ".cache", ".whl", ".venv")
 
 
 def _run(cmd, **kwargs):
@@ -33,25 +33,85 @@ def _run(cmd, **kwargs):
     return proc
 
 
+def _git_files(*args: str) -> list:
+    """``git ls-files`` of this checkout, or [] without git (the tests run from an unpacked sdist)."""
+    proc = subprocess.run(["git", "-C", REPO, "ls-files", "-z", *args], capture_output=True, text=True)
+    return proc.stdout.strip("\0").split("\0") if proc.returncode == 0 and proc.stdout else []
+
+
+def _tracked(*folders: str) -> set:
+    """The files git tracks in this checkout (under ``folders``), or a skip without git."""
+    files = set(_git_files("--", *folders))
+    if not files:
+        pytest.skip("not a git checkout: the files git tracks are unknown")
+    return files
+
+
+def _copy_sources(dest: Path) -> None:
+    """The checkout's sources into ``dest``: the files git does not ignore (tracked or new, never
+    a run's outputs or a stale build/); without git, the whole tree less compiled files."""
+    files = _git_files("--cached", "--others", "--exclude-standard")
+    if not files:
+        shutil.copytree(REPO, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", "*.egg-info"))
+        return
+    for name in files:
+        if (REPO / name).is_file():  # a tracked file deleted in the working tree is not a source
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, dest / name)
+
+
 @pytest.fixture(scope="module")
-def install(tmp_path_factory):
-    """(install folder, environment, far-away working directory) of a wheel built from a copy
-    of the checkout (a build in place would reuse a stale build/ folder)."""
-    root = tmp_path_factory.mktemp("wheel")
-    source = root / "source"
-    shutil.copytree(REPO, source, ignore=NOT_SOURCES)
+def release(tmp_path_factory):
+    """(sdist, wheel) of a copy of the checkout (a build in place would reuse a stale build/ folder)."""
+    root = tmp_path_factory.mktemp("release")
+    _copy_sources(root / "source")
+    return build_plugin(root / "dist", root / "source")
+
+
+@pytest.fixture(scope="module")
+def install(release, tmp_path_factory):
+    """(install folder, environment, far-away working directory) of the release's wheel."""
+    root = tmp_path_factory.mktemp("install")
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
-    _run([*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", root / "dist", source])
-    wheels = list((root / "dist").glob("fairseq_multiscale_plugins-*.whl"))
-    assert len(wheels) == 1, wheels
     site = root / "site"
-    _run([*pip, "install", "--no-deps", "--no-index", "--target", site, wheels[0]])
+    _run([*pip, "install", "--no-deps", "--no-index", "--target", site, release[1]])
     far = root / "elsewhere"
     far.mkdir()
     env = dict(os.environ, PYTHONPATH=str(site), FAIRSEQ_PLUGINS_CACHE=str(root / "cache"),
                OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
                PATH=os.pathsep.join([str(site / "bin"), os.environ.get("PATH", "")]))
     return site, env, far
+
+
+def test_the_sdist_holds_the_repository_and_its_tests_run_from_it(release, tmp_path):
+    """Every tracked file but the clone's own tooling (.ci/, dotfiles) is in the sdist, so the
+    tests find their conftest.py, helpers and fixtures at any depth; pytest collects them there."""
+    sdist, _ = release
+    with tarfile.open(sdist) as archive:
+        names = archive.getnames()
+        archive.extractall(tmp_path, filter="data")
+    top = sdist.name[: -len(".tar.gz")]
+    shipped = {name[len(top) + 1:] for name in names if name.startswith(top + "/")}
+    expected = {f for f in _tracked() if not f.startswith((".ci/", ".gitignore", ".pre-commit"))}
+    assert expected - shipped == set()
+    assert not [n for n in shipped if n.endswith((".pyc", ".so", ".o"))]
+    unpacked = tmp_path / top
+    collected = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist",
+                                "-p", "no:cacheprovider", "tests"], cwd=unpacked, capture_output=True, text=True,
+                               env=dict(os.environ, PYTHONPATH=str(unpacked), OMP_NUM_THREADS="1"), timeout=600)
+    assert collected.returncode == 0, collected.stdout[-3000:] + collected.stderr[-3000:]
+    assert re.match(r"\d+ tests collected", collected.stdout.splitlines()[-1]), collected.stdout[-500:]
+
+
+def test_the_wheel_holds_the_package_and_what_it_reads_at_run_time(release):
+    """The wheel is the package (every tracked file of it) plus the top-level folders it reads at
+    run time under ``_resources/`` (configs, the kernel sources); no tests, scripts or docs."""
+    _, wheel = release
+    with zipfile.ZipFile(wheel) as archive:
+        files = {n for n in archive.namelist() if ".dist-info/" not in n}
+    package = {f for f in _tracked("fairseq_plugins")}
+    resources = {f"fairseq_plugins/_resources/{f}" for f in _tracked("configs", "cpu_ext", "cuda_ext")}
+    assert files == package | resources
 
 
 def _fairseq(command: str) -> str:
@@ -64,16 +124,6 @@ def _fairseq(command: str) -> str:
 def _python(install, code: str) -> str:
     site, env, far = install
     return _run([sys.executable, "-c", code], env=env, cwd=far).stdout
-
-
-def test_the_wheel_ships_the_kernel_sources_and_configs(install):
-    site, _, _ = install
-    resources = site / "fairseq_plugins" / "_resources"
-    assert (resources / "cpu_ext" / "csrc" / "graph_attention_cpu.cpp").is_file()
-    assert (resources / "cuda_ext" / "csrc" / "graph_attention_kernels.cu").is_file()
-    assert (resources / "configs" / "bpt" / "table7.yaml").is_file()
-    shipped = {p.relative_to(resources / "configs") for p in (resources / "configs").rglob("*.yaml")}
-    assert shipped == {p.relative_to(REPO / "configs") for p in (REPO / "configs").rglob("*.yaml")}
 
 
 def test_the_package_imports_from_the_install_not_the_checkout(install):
@@ -124,6 +174,11 @@ def test_an_install_without_fairseq_names_the_command_that_exists_there(install)
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith("fairseq-plugins-train: error: fairseq is not installed; run "
                                   "fairseq-plugins-install-fairseq (it installs the fixed fairseq 0.12.2)")
+    # the import of the plugin's tasks (what --user-dir does first) says the same, in one line
+    proc = subprocess.run([sys.executable, "-S", "-c", "import fairseq_plugins.tasks"], env=env, cwd=far,
+                          capture_output=True, text=True)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "error: fairseq is not installed; run fairseq-plugins-install-fairseq" in proc.stderr
     missing = _python(install, "from fairseq_plugins import resources as r; "
                                "print(r.setup_command()); print(r.extra_command('zh'))").splitlines()
     assert missing == ["fairseq-plugins-install-fairseq", 'pip install "fairseq-multiscale-plugins[zh]"']
@@ -134,6 +189,44 @@ def test_an_install_without_fairseq_names_the_command_that_exists_there(install)
     shutil.copy(fairseq_build.sdist(download=False), cached)
     prepared = _run([site / "bin" / "fairseq-plugins-install-fairseq", "--prepare", far / "src"], env=env, cwd=far)
     assert (Path(prepared.stdout.strip()) / "fairseq" / "version.txt").read_text().startswith("0.12.2+plugins.")
+
+
+@pytest.fixture(scope="module")
+def unfixed_fairseq(tmp_path_factory):
+    """A site folder with a copy of the installed fairseq (and its .dist-info, so its version
+    label still says fixed) from which one fix is taken back out: a fairseq built for an older
+    set of fixes, or a stock one, as ``--user-dir`` meets it."""
+    from fairseq_plugins import fairseq_fixes
+
+    try:
+        installed = fairseq_fixes.fairseq_package_dir().parent
+        dist_info = fairseq_fixes._installed_metadata_file().parent
+    except fairseq_fixes.FairseqFixError:
+        pytest.skip("fairseq is not installed: run scripts/setup.sh first")
+    site = tmp_path_factory.mktemp("unfixed")
+    for folder in ("fairseq", "fairseq_cli", dist_info.name):
+        shutil.copytree(installed / folder, site / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    (fix,) = [f for f in fairseq_fixes.FIXES if f.name == "hub_task_encoders"]  # changes nothing at import
+    for edit in fix.edits:
+        path = site / edit.path
+        path.write_text(path.read_text().replace(edit.new, edit.old, 1))
+    return site
+
+
+@pytest.mark.parametrize("copy, command", [("install", "fairseq-plugins-install-fairseq"),
+                                           ("clone", f"bash {REPO / 'scripts' / 'setup.sh'}")])
+def test_user_dir_with_an_unfixed_fairseq_ends_in_one_line(install, unfixed_fairseq, copy, command):
+    """fairseq-train --user-dir (of the install, or of the clone) on a fairseq without the fixes:
+    fairseq imports the plugin's tasks first, whose check ends the command with one line that
+    names the command to run for that copy (no traceback, before any data is read)."""
+    site, env, far = install
+    user_dir = site / "fairseq_plugins" if copy == "install" else REPO / "fairseq_plugins"
+    env = dict(env, PYTHONPATH=os.pathsep.join([str(unfixed_fairseq), str(site)]))
+    proc = subprocess.run([_fairseq("train"), far / "no-data-bin", "--user-dir", user_dir, "--arch", "bpt_transformer"],
+                          env=env, cwd=far, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr[-3000:]
+    assert proc.stderr.startswith("fairseq-train: error: the installed fairseq 0.12.2+plugins."), proc.stderr
+    assert "['hub_task_encoders']: run " + command + ", which installs" in proc.stderr
 
 
 def test_tiny_bpt_trains_from_the_install_with_the_cpu_kernel(install):
