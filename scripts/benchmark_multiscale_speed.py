@@ -36,6 +36,7 @@ from fairseq_plugins.recipes.measure_flops import build_model, synthetic_diction
 from scripts.benchmark_graph_attention import machine_line
 
 REPO = Path(__file__).resolve().parents[1]
+COMMAND = "python -m scripts.benchmark_multiscale_speed"
 BATCH = 128  # paper: Figure 4
 DATASETS = {"IMDB": 201, "MR": 21, "AVG": 109}  # tokens per sentence (see the module docstring)
 DICTIONARY_SIZE = 10000  # ours: the embedding table's size does not change the time of a pass
@@ -153,7 +154,7 @@ def main(argv=None):
                          "ratio": s / seconds[BASELINE]})
             print(f"{dataset} ({length} tokens) {name}: {1000 * s:.1f} ms per batch, "
                   f"{s / seconds[BASELINE]:.2f} x the Transformer", flush=True)
-    setup = f"{machine_line()}; device {device.type.upper()}; fp32, median of {args.repeats}"
+    setup = f"{machine_line(COMMAND).rstrip('.')}; device {device.type.upper()}; fp32, median of {args.repeats}"
     write_outputs(args.out or REPO / "benchmarks" / f"multiscale_speed_{device.type}", setup, rows)
     return rows
 

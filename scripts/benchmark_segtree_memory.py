@@ -33,6 +33,7 @@ from fairseq_plugins.command_line import import_extra
 from scripts.benchmark_graph_attention import machine_line
 
 REPO = Path(__file__).resolve().parents[1]
+COMMAND = "python -m scripts.benchmark_segtree_memory"
 # SegTree Appendix A.3, Table 4 (heads: see the module docstring)
 SETTINGS = {
     1: {"layers": 6, "vocab": 28913, "dim": 320, "ffn": 1024, "batch": 16, "heads": 8},
@@ -119,7 +120,7 @@ def measure(setting_id: int, length: int, device: torch.device) -> List[dict]:
 def write_outputs(out: Path, device: torch.device, rows: List[dict]) -> None:
     where = "CUDA allocator (torch.cuda.max_memory_allocated)" if device.type == "cuda" else \
         "CPU allocator events (torch.profiler, profile_memory=True)"
-    setup = f"{machine_line()}; device {device}; {where}"
+    setup = f"{machine_line(COMMAND).rstrip('.')}; device {device}; {where}"
     lines = [f"# SegTree Figure 2: peak memory of one training step ({device.type.upper()})\n",
              f"{setup}.\n",
              "Forward, cross-entropy and backward, fp32, dropout 0, after a warm-up step; the peak is what the step "

@@ -38,6 +38,7 @@ from fairseq_plugins.recipes.measure_flops import build_model, synthetic_diction
 from scripts.benchmark_graph_attention import machine_line
 
 REPO = Path(__file__).resolve().parents[1]
+COMMAND = "python -m scripts.mirrored_summation"
 LENGTH, INPUT_DIM, HEADS = 100, 50, 10  # paper: Figure 2 (n, d) and the three settings (10 heads)
 ENCODERS = {  # name -> (arch, options)
     "MS-Trans-Hier-S": ("ms_transformer", {"encoder-layers": 2, "encoder-scales": ",".join(["3"] * HEADS)}),
@@ -163,7 +164,7 @@ def main(argv=None):
             rows.append(train_and_test(name, k, args))
             print(f"K {k} {name}: test MSE {rows[-1]['test_mse']:.4f} "
                   f"({rows[-1]['relative_mse']:.3f} of the target's variance)", flush=True)
-    setup = (f"{machine_line()}; N {args.length}, d {INPUT_DIM}, hidden {args.dim}, {args.steps} updates of "
+    setup = (f"{machine_line(COMMAND).rstrip('.')}; N {args.length}, d {INPUT_DIM}, hidden {args.dim}, {args.steps} updates of "
              f"{args.batch}, Adam lr {args.lr}, {args.test_samples} test samples, seed {args.seed}")
     write_outputs(args.out, setup, rows)
     return rows
