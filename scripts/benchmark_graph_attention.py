@@ -241,8 +241,9 @@ def make_table(results, args) -> str:
     return "\n".join(lines)
 
 
-def machine_line() -> str:
-    """Where and with what the numbers were measured (they only compare within one run)."""
+def machine_line(command: str = "python scripts/benchmark_graph_attention.py") -> str:
+    """Where and with what the numbers were measured (they only compare within one run);
+    ``command`` is the script's, its arguments are this process's."""
     import datetime
     import platform
 
@@ -256,7 +257,7 @@ def machine_line() -> str:
         cpu = names[0] if names else cpu
     return (f"Measured {datetime.date.today()} on {cpu} ({torch.get_num_threads()} threads "
             f"available to torch), torch {torch.__version__}, "
-            f"`python scripts/benchmark_graph_attention.py {' '.join(sys.argv[1:])}`.")
+            f"`{command} {' '.join(sys.argv[1:])}`.")
 
 
 def plot(results, args):
