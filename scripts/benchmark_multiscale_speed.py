@@ -15,9 +15,9 @@ gradients; the models alternate, one warm-up pass each, then the median of ``--r
 
 Lengths: the MTL-16 average, 109 tokens, is the paper's (Sec. Text Classification); the paper
 states that the largest speed-up is at an average of 201 tokens, which this script reads as
-IMDB, the figure's longest dataset; MR's 21 tokens is not in the Multi-Scale paper (it is MR's
-average length in the MTL-16 paper's dataset table, Liu, Qiu and Huang 2017, not checkable
-offline here). ``--lengths NAME=N`` replaces them. Ratios are against the Transformer of the
+IMDB, the figure's longest dataset; MR's 21 tokens is ours: the paper gives no MR length and
+the MTL-16 release (Liu, Qiu and Huang 2017) is not available offline here, so 21 stands for one
+sentence (MR's reviews are single sentences). ``--lengths NAME=N`` replaces them. Ratios are against the Transformer of the
 same run.
 """
 
