@@ -28,6 +28,7 @@ run under ``TRITON_INTERPRET=1`` (the tests).
 """
 
 import contextlib
+import dataclasses
 import functools
 import os
 from dataclasses import dataclass
@@ -60,6 +61,7 @@ class LaunchConfig:
     block_n: int
     num_warps: int
     num_stages: int
+    max_registers: Optional[int] = None  # ptxas's registers a thread at most (maxnreg); None: its own 255
 
 
 # (kernel, head dim) -> configuration, chosen by the limits ``triton_aot`` checks (zero
@@ -88,6 +90,13 @@ _FP32 = {  # 4-byte operands, split again by tf32x3: smaller tiles (larger ones 
     ("backward_key", 64): LaunchConfig(32, 16, 4, 1),
     ("backward_key", 128): LaunchConfig(16, 16, 4, 1),
 }
+# The tile kernels are compiled with at most 240 registers a thread (``triton_aot``'s budget,
+# its MAX_REGISTERS): left to itself ptxas takes up to 255 in several of the binaries above,
+# more with Triton 3.6 than 3.7, on sm_80 more than on sm_90a. Held to 240 with zero spills
+# under every Triton that ``triton_budget`` checks, they keep their warps, stages and blocks
+# per SM (4 warps x 240 registers: 2 blocks), where 8 warps or 1 stage would fit without the
+# cap only at 1 block per SM or with the loads unpipelined.
+REGISTER_CAP = 240
 # the merges of split blocks: the plan's block (their BLOCK_M), no pipelining (a handful of
 # parts, no products), a warp per 1024 elements of their fp32 [block_m, D] sums (32
 # registers a thread), at least 4 (head dim 128 on 4 warps spills on sm_90a)
@@ -101,13 +110,37 @@ def merge_warps(block_m: int, head_dim: int) -> int:
 # (kernel, dtype, head dim) -> the one configuration launched, the three tile kernels each
 # with and without dropout
 CONFIGS: Dict[Tuple[str, torch.dtype, int], LaunchConfig] = {
-    (kernel, dtype, dim): config
+    (kernel, dtype, dim): dataclasses.replace(config, max_registers=REGISTER_CAP)
     for dtype, table in ((torch.float32, _FP32), (torch.float16, _HALF), (torch.bfloat16, _HALF))
     for (kernel, dim), config in table.items()}
 CONFIGS.update({(merge, dtype, dim): LaunchConfig(config.block_m, config.block_n,
                                                   merge_warps(config.block_m, dim), 1)
                 for (kernel, dtype, dim), config in list(CONFIGS.items()) if kernel == "forward"
                 for merge in MERGE_KERNELS})
+# capability -> the launches that differ there from ``CONFIGS`` (the sm_90a table), for a
+# binary that meets the budget of ``triton_aot`` (at most 240 registers, no spills) under
+# every Triton that ``triton_budget`` checks on one target only; the tiles stay those of
+# ``CONFIGS`` (one plan per dtype and head dim). None at present: with ``REGISTER_CAP``
+# every binary meets it on sm_80 and sm_90a (benchmarks/triton_budget.md).
+ARCH_CHANGES: Dict[int, Dict[Tuple[str, torch.dtype, int], LaunchConfig]] = {80: {}}
+
+
+def launch_table(capability: Optional[int] = None) -> Dict[Tuple[str, torch.dtype, int], LaunchConfig]:
+    """The configurations launched on a GPU of ``capability`` (major * 10 + minor): sm_8x
+    runs the sm_80 table, sm_90 and newer and the interpreter (None) run ``CONFIGS``."""
+    if capability is None or capability >= 90:
+        return CONFIGS
+    return {**CONFIGS, **ARCH_CHANGES[80]}
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device: torch.device) -> Optional[int]:
+    if device.type != "cuda":
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    return 10 * major + minor
+
+
 KERNELS = {"forward": triton_kernels.forward_kernel,
            "backward_query": triton_kernels.backward_query_kernel,
            "backward_key": triton_kernels.backward_key_kernel,
@@ -202,13 +235,13 @@ def device_guard(tensor: torch.Tensor):
 def _launch(name, grid, dtype, head_dim, dropout, *args):
     """Launch kernel ``name`` in its configuration for (dtype, head dim); ``args[0]`` is a
     tensor on the launch's device."""
-    config = CONFIGS[(name, dtype, head_dim)]
+    config = launch_table(_capability(args[0].device))[(name, dtype, head_dim)]
     # the interpreter's bf16 tl.dot is wrong (Triton issue 11584): compute those in fp32
     upcast = interpreted() and dtype == torch.bfloat16
     constants = kernel_constants(name, dtype, head_dim, config, dropout, upcast)
     with device_guard(args[0]):
         KERNELS[name][grid](*args, **constants, num_warps=config.num_warps,
-                            num_stages=config.num_stages)
+                            num_stages=config.num_stages, maxnreg=config.max_registers)
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
