@@ -90,13 +90,21 @@ _FP32 = {  # 4-byte operands, split again by tf32x3: smaller tiles (larger ones 
     ("backward_key", 64): LaunchConfig(32, 16, 4, 1),
     ("backward_key", 128): LaunchConfig(16, 16, 4, 1),
 }
-# The tile kernels are compiled with at most 240 registers a thread (``triton_aot``'s budget,
-# its MAX_REGISTERS): left to itself ptxas takes up to 255 in several of the binaries above,
-# more with Triton 3.6 than 3.7, on sm_80 more than on sm_90a. Held to 240 with zero spills
-# under every Triton that ``triton_budget`` checks, they keep their warps, stages and blocks
-# per SM (4 warps x 240 registers: 2 blocks), where 8 warps or 1 stage would fit without the
-# cap only at 1 block per SM or with the loads unpipelined.
+# The binaries that ptxas, left to itself, gives more than 240 registers a thread
+# (``triton_aot``'s budget, its MAX_REGISTERS) under some checked Triton (3.6.0 above all:
+# up to 255) are compiled with at most 240 (``max_registers``): so they keep their warps,
+# stages and blocks per SM (4 warps x 240 registers: 2 blocks), where 8 warps or one stage
+# fit some of them without the cap only at one block per SM or with unpipelined loads. Only
+# those: a cap is also a target, ptxas then uses up to it (the sm_90a bf16 forward at head
+# dim 64 took 204 registers under it against 149 without, one block per SM fewer).
 REGISTER_CAP = 240
+_HALF_CAPPED = {("backward_query", 32), ("backward_query", 64), ("backward_query", 128), ("backward_key", 64),
+                ("backward_key", 128)}
+_FP32_CAPPED = {("backward_query", 128), ("backward_key", 64), ("backward_key", 128)}
+# and on sm_80 also these
+_SM80_CAPPED = {(torch.float16, "forward", 64), (torch.bfloat16, "forward", 64), (torch.float16, "backward_key", 32),
+                (torch.bfloat16, "backward_key", 32), (torch.float32, "backward_query", 32),
+                (torch.float32, "backward_key", 32)}
 # the merges of split blocks: the plan's block (their BLOCK_M), no pipelining (a handful of
 # parts, no products), a warp per 1024 elements of their fp32 [block_m, D] sums (32
 # registers a thread), at least 4 (head dim 128 on 4 warps spills on sm_90a)
@@ -110,19 +118,21 @@ def merge_warps(block_m: int, head_dim: int) -> int:
 # (kernel, dtype, head dim) -> the one configuration launched, the three tile kernels each
 # with and without dropout
 CONFIGS: Dict[Tuple[str, torch.dtype, int], LaunchConfig] = {
-    (kernel, dtype, dim): dataclasses.replace(config, max_registers=REGISTER_CAP)
-    for dtype, table in ((torch.float32, _FP32), (torch.float16, _HALF), (torch.bfloat16, _HALF))
+    (kernel, dtype, dim): dataclasses.replace(config, max_registers=REGISTER_CAP if (kernel, dim) in capped else None)
+    for dtype, table, capped in ((torch.float32, _FP32, _FP32_CAPPED), (torch.float16, _HALF, _HALF_CAPPED),
+                                 (torch.bfloat16, _HALF, _HALF_CAPPED))
     for (kernel, dim), config in table.items()}
 CONFIGS.update({(merge, dtype, dim): LaunchConfig(config.block_m, config.block_n,
                                                   merge_warps(config.block_m, dim), 1)
                 for (kernel, dtype, dim), config in list(CONFIGS.items()) if kernel == "forward"
                 for merge in MERGE_KERNELS})
-# capability -> the launches that differ there from ``CONFIGS`` (the sm_90a table), for a
-# binary that meets the budget of ``triton_aot`` (at most 240 registers, no spills) under
-# every Triton that ``triton_budget`` checks on one target only; the tiles stay those of
-# ``CONFIGS`` (one plan per dtype and head dim). None at present: with ``REGISTER_CAP``
-# every binary meets it on sm_80 and sm_90a (benchmarks/triton_budget.md).
-ARCH_CHANGES: Dict[int, Dict[Tuple[str, torch.dtype, int], LaunchConfig]] = {80: {}}
+# capability -> the launches that differ there from ``CONFIGS`` (the sm_90a table), so that
+# every binary meets the budget of ``triton_aot`` (at most 240 registers, no spills) under
+# every Triton that ``triton_budget`` checks; the tiles stay those of ``CONFIGS`` (one plan
+# per dtype and head dim)
+ARCH_CHANGES: Dict[int, Dict[Tuple[str, torch.dtype, int], LaunchConfig]] = {
+    80: {(kernel, dtype, dim): dataclasses.replace(CONFIGS[(kernel, dtype, dim)], max_registers=REGISTER_CAP)
+         for dtype, kernel, dim in _SM80_CAPPED}}
 
 
 def launch_table(capability: Optional[int] = None) -> Dict[Tuple[str, torch.dtype, int], LaunchConfig]:
