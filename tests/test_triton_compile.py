@@ -13,8 +13,6 @@ configurations. Skipped without Triton; ``triton_aot`` needs no GPU but Triton's
 ptxas (or ``TRITON_PTXAS_PATH``).
 """
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -92,8 +90,6 @@ def test_each_architecture_has_a_launch_table_with_the_same_tiles():
     for key, config in sm80.items():
         assert (config.block_m, config.block_n) == (sm90[key].block_m, sm90[key].block_n), key
         assert config.max_registers in (None, triton_aot.MAX_REGISTERS)
-        # sm_80 differs only by caps, where its ptxas needs more registers than sm_90a's
-        assert dataclasses.replace(config, max_registers=sm90[key].max_registers) == sm90[key], key
     assert sm80 != sm90 and triton_backend.REGISTER_CAP == triton_aot.MAX_REGISTERS
     # the merges (few registers) run uncapped
     assert all(c.max_registers is None for c in triton_aot.launched_configurations(90)

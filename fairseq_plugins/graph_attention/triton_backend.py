@@ -131,8 +131,11 @@ CONFIGS.update({(merge, dtype, dim): LaunchConfig(config.block_m, config.block_n
 # every Triton that ``triton_budget`` checks; the tiles stay those of ``CONFIGS`` (one plan
 # per dtype and head dim)
 ARCH_CHANGES: Dict[int, Dict[Tuple[str, torch.dtype, int], LaunchConfig]] = {
-    80: {(kernel, dtype, dim): dataclasses.replace(CONFIGS[(kernel, dtype, dim)], max_registers=REGISTER_CAP)
-         for dtype, kernel, dim in _SM80_CAPPED}}
+    80: {**{(kernel, dtype, dim): dataclasses.replace(CONFIGS[(kernel, dtype, dim)], max_registers=REGISTER_CAP)
+            for dtype, kernel, dim in _SM80_CAPPED},
+         # capped on one stage it spills under Triton 3.6.0 (32-36 B); on two, or on 8 warps
+         # (one block per SM), not
+         ("backward_key", torch.float32, 128): LaunchConfig(16, 16, 4, 2, REGISTER_CAP)}}
 
 
 def launch_table(capability: Optional[int] = None) -> Dict[Tuple[str, torch.dtype, int], LaunchConfig]:

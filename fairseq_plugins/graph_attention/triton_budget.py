@@ -202,8 +202,8 @@ def main(argv=None):
     print(text)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
-        args.out.with_suffix(".md").write_text(text)
+        for suffix, content in ((".json", json.dumps(results, indent=1) + "\n"), (".md", text)):
+            args.out.with_name(args.out.name + suffix).write_text(content)  # PREFIX may hold dots (3.6.0)
     return 1 if failed else 0
 
 
