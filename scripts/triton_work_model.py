@@ -2,20 +2,24 @@
 """ESTIMATE of one graph-attention op (forward + backward) on an H100: the triton kernels and
 their glue against dense FlashAttention (SDPA) and FlexAttention, until ``check_gpu`` measures.
 
-No GPU here, so every time this prints is an estimate, each built from the assumptions in
-``ASSUMPTIONS`` (printed with the table, with a low and a high value where they are
+No GPU here, so every time this prints is an estimate, built from the assumptions in
+``ASSUMPTIONS`` (printed with the tables, with a low and a high value where they are
 uncertain) and from what can be counted without a GPU:
 
-* the kernels' work, from their actual launch plan (``tile_plan.build_plan`` at the tiles
-  ``triton_backend.tiles`` launches): tensor-core products per tile (forward 2, dQ 3,
-  dK/dV 4) and the HBM bytes they must move once K/V and the type tiles are reused through
-  L2;
+* the compiled kernels: the binaries the backend launches for bf16 at this head dim,
+  compiled for sm_90a by the installed Triton (``triton_aot``): per tile, the instructions a
+  thread issues in the tile loop (from the SASS, by class), the control bits' fixed stall
+  cycles, the tensor-core FLOPs, and the registers and shared memory that set the blocks
+  per SM. Three ceilings per tile: issue (an SM issues 4 warp instructions a cycle), stalls
+  (one warp waits at least its fixed stalls; the resident blocks overlap) and the tensor
+  cores; the kernel runs at the slowest of them over its tiles, or at HBM speed, or at its
+  longest program;
+* the tiles of each kernel, from the plan the backend launches (``tile_plan.build_plan``);
 * the glue: every PyTorch op the backend runs around its kernels in one forward + backward,
-  counted with the bytes it touches and the host syncs, by running the backend under
-  Triton's interpreter on a small graph with split blocks (a ``TorchDispatchMode`` that
-  pauses while a kernel runs), scaled to the op's size; the merge kernels of split blocks
-  are Triton launches, costed on the GPU like a glue op (their bytes, at least the shortest
-  kernel time);
+  with the bytes it touches and the host syncs, and the bytes of every kernel's tensor
+  arguments, counted by running the backend under Triton's interpreter on a small graph
+  with split blocks (a ``TorchDispatchMode`` that pauses while a kernel runs), scaled to
+  the op's size; the merge kernels of split blocks are costed on the GPU like a glue op;
 * dense attention: compute-bound at the rate FlashAttention's authors measured on an H100
   (FA2, FA3, cuDNN), for the FLOPs of the n tokens;
 * FlexAttention: the graph's non-empty 128 x 128 blocks (all partial: no block of a BPT
@@ -32,7 +36,8 @@ import sys
 from pathlib import Path
 from typing import Dict, Tuple
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: the glue count runs the kernels
+if __name__ == "__main__":  # not in the compiling processes triton_aot spawns, which import this file too
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: the glue count runs the kernels
 
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
@@ -40,21 +45,30 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fairseq_plugins.graph_attention import graph_attention, tile_plan, triton_backend  # noqa: E402
+from fairseq_plugins.graph_attention import graph_attention, tile_plan, triton_aot, triton_backend  # noqa: E402
 from fairseq_plugins.graphs.binary_partition import bpt_graph, node_present  # noqa: E402
 from fairseq_plugins.modules.common.heads import split_heads  # noqa: E402
 
 Range = Tuple[float, float]
 # name: (value or (low, high), unit, why). Every estimate below is built from these.
 ASSUMPTIONS: Dict[str, Tuple[object, str, str]] = {
-    "peak_bf16": (989e12, "FLOP/s", "H100 SXM dense bf16 tensor-core peak"),
+    "sms": (132, "", "H100 SXM5 streaming multiprocessors"),
+    "clock": ((1.6e9, 1.98e9), "Hz", "SM clock: 1.98 GHz is the H100 SXM5 boost clock; under sustained load it is "
+              "assumed to stay above 1.6 GHz"),
+    "issue_width": (4, "warp instructions / cycle / SM", "4 warp schedulers per SM, one instruction each a cycle"),
+    "static_issue": (True, "", "every instruction of the tile loop's body issues once per tile (the tile kernels' "
+                     "loop bodies are predicated straight-line code; a predicated-off instruction still issues)"),
+    "issue_efficiency": ((0.5, 0.9), "of the slowest ceiling", "what a kernel reaches of its issue, stall or "
+                         "tensor-core ceiling: the control bits' stalls leave out the variable waits (global and "
+                         "shared loads, MUFU, the asynchronous wgmma), which the resident warps hide only in part"),
+    "tensor_flop_per_cycle": (4096, "FLOP / cycle / SM", "dense bf16 tensor cores of an H100 SXM: 989.4 TFLOP/s = "
+                              "132 SMs x 4096 x 1.83 GHz"),
     "hbm": (3.35e12 * 0.8, "B/s", "H100 SXM HBM3 3.35 TB/s, of which 80% is reached by streaming kernels"),
-    "l2_reuse": (True, "", "K/V rows and type tiles are read from HBM once per kernel: the grid runs the "
-                 "blocks of one (sentence, head) together (heads on grid.y), whose K/V (2 MB at n 8192) "
-                 "stay in the 50 MB L2 while they are reread"),
-    "tile_rate": ((150e12, 300e12), "FLOP/s", "the triton tile kernels: at most FA2's measured rate (the same "
-                  "online-softmax tiles; Triton's own flash kernel measures 376-401 TFLOP/s forward at head "
-                  "dim 64), at least half of it (64-row tiles, tile lists read indirectly, type gathers)"),
+    "l2_reuse": (True, "", "every tensor argument of a kernel launch (K/V rows, type tiles, tables) is moved through "
+                 "HBM once per launch: the grid runs the blocks of one (sentence, head) together (heads on grid.y), "
+                 "whose K/V (2 MB at n 8192) stay in the 50 MB L2 while they are reread"),
+    "balance": (True, "", "the tiles spread evenly over the SMs, except the longest program (its tiles on one SM "
+                "after all others finished: the tail)"),
     "fa2_rate": ({512: (282, 198), 1024: (306, 238), 2048: (318, 264), 4096: (321, 279), 8192: (322, 287),
                   16384: (324, 291)}, "TFLOP/s (fwd, bwd)",
                  "FlashAttention-2, H100 SXM5, head dim 64, non-causal, bf16: FlashAttention-3 paper "
@@ -77,6 +91,7 @@ ASSUMPTIONS: Dict[str, Tuple[object, str, str]] = {
                 "inside the op (counted below) serializes them"),
     "dense_host_s": ((20e-6, 40e-6), "s", "host time of SDPA's forward + backward (2 kernels, little glue)"),
 }
+TILE_KERNELS = ("forward", "backward_query", "backward_key")
 
 
 def value(name):
@@ -92,17 +107,48 @@ def rate_at(name: str, n: int) -> Tuple[float, float]:
 
 # ------------------------------------------------------------------------ counted work
 
-def plan_work(graph, dim: int, dtype=torch.bfloat16) -> Dict[str, float]:
-    """Per (sentence, head): tile FLOPs of the three kernels, the tiles' fill, the longest
-    program; from the plan the backend launches."""
+def plan_work(graph, dim: int, dtype=torch.bfloat16) -> Dict[str, object]:
+    """Per (sentence, head), from the plan the backend launches: the tiles each tile kernel
+    walks (forward and dQ: the query blocks' tiles; dK/dV: the key blocks' windows), the
+    longest program of each, the tiles' fill."""
     block_m, block_n = triton_backend.tiles(dtype, dim)
     plan = tile_plan.build_plan(graph, block_m, block_n)
-    tile = 2 * block_m * block_n * dim
-    lengths = [work.items[:, 2] - work.items[:, 1] for work in (plan.query_work, plan.key_work)]
-    return {"block_m": block_m, "block_n": block_n, "tiles": plan.num_tiles, "windows": plan.num_windows,
-            "flops": (2 + 3) * plan.num_tiles * tile + 4 * plan.num_windows * tile,
-            "fill": graph.num_edges / (plan.num_tiles * block_m * block_n),
-            "longest_program_tiles": int(max(int(t.max()) for t in lengths if t.numel()))}
+    longest = [int((work.items[:, 2] - work.items[:, 1]).max()) if work.items.numel() else 0
+               for work in (plan.query_work, plan.key_work)]
+    return {"block_m": block_m, "block_n": block_n,
+            "tiles": {"forward": plan.num_tiles, "backward_query": plan.num_tiles, "backward_key": plan.num_windows},
+            "longest": {"forward": longest[0], "backward_query": longest[0], "backward_key": longest[1]},
+            "fill": graph.num_edges / (plan.num_tiles * block_m * block_n)}
+
+
+def compiled_kernels(dim: int, dtype: str = "bfloat16", capability: int = 90) -> Dict[str, triton_aot.CompileReport]:
+    """The tile kernels the backend launches for ``dtype`` and ``dim`` on ``capability``,
+    without dropout, compiled by the installed Triton (``triton_aot``): their resources and
+    the instruction mix of their tile loops. Where a kernel has several launched variants,
+    the one with the longest tile loop (the estimate stays an upper bound for it)."""
+    launched = [c for c in triton_aot.launched_configurations(capability)
+                if c.kernel in TILE_KERNELS and c.dtype == dtype and c.head_dim == dim and not c.dropout]
+    reports = triton_aot.compile_all([(c, capability) for c in launched])
+    heaviest = {}
+    for r in reports:
+        if r.loop is None:
+            raise RuntimeError(f"no tile loop found in the SASS of {r.configuration}")
+        if r.configuration.kernel not in heaviest or r.loop["total"] > heaviest[r.configuration.kernel].loop["total"]:
+            heaviest[r.configuration.kernel] = r
+    return heaviest
+
+
+def tile_cycles(report: triton_aot.CompileReport) -> Dict[str, float]:
+    """Cycles of one SM per tile of a kernel, by ceiling: issue (each of the block's warps
+    issues the loop body: warps x instructions over the SM's issue width), stalls (a warp
+    waits at least the fixed stalls per tile; the resident blocks overlap theirs) and the
+    tensor cores (the block's FLOPs per tile at the SM's rate); and the cycles one block
+    alone needs per tile (its warps each on their own scheduler), for the tail."""
+    warps, loop = report.configuration.num_warps, report.loop
+    return {"issue": warps * loop["total"] / value("issue_width"),
+            "stalls": loop["stall_cycles"] / report.blocks_per_sm,
+            "tensor": warps * loop["tensor_flops"] / value("tensor_flop_per_cycle"),
+            "alone": max(loop["total"], loop["stall_cycles"])}
 
 
 def flex_blocks(graph, block: int) -> int:
@@ -127,6 +173,7 @@ class GlueCount(TorchDispatchMode):
         super().__init__()
         self.ops, self.syncs, self.launches, self.paused = [], 0, 0, 0
         self.merges = []  # (kernel, bytes) of each merge kernel launched
+        self.kernels = []  # (kernel, bytes of its tensor arguments) of each tile kernel launched
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
@@ -180,6 +227,9 @@ def _glue_of_one_op(graph, tokens: int, dim: int, heads: int) -> GlueCount:
         counter.launches += 1
         if self.fn.__name__.startswith("merge"):
             counter.merges.append((self.fn.__name__, _merge_bytes(dict(zip(self.arg_names, args)))))
+        else:
+            counter.kernels.append((self.fn.__name__, sum(a.numel() * a.element_size() for a in args
+                                                          if isinstance(a, torch.Tensor))))
         try:
             return run(self, *args, **kwargs)
         finally:
@@ -223,41 +273,54 @@ def count_glue(tokens: int, dim: int) -> Dict[str, object]:
     k = 1 over ``tokens`` (1100: its root row is split over two programs). Run with 1 and 2
     heads (2 sentences), so that each op's bytes split into a part per (sentence, head) and a
     part per graph: [(bytes per node, bytes per node and (sentence, head))]; the same for the
-    merge kernels among the Triton launches (``merges``, ``merge_bytes``)."""
+    merge kernels among the Triton launches (``merges``, ``merge_bytes``) and for the
+    tensor arguments of each tile kernel (``kernel_bytes``, by the kernel function's name)."""
     graph = bpt_graph(tokens, 1)
     one, two = (_glue_of_one_op(graph, tokens, dim, heads) for heads in (1, 2))
     return {"tokens": tokens, "ops": len(one.ops), "syncs": one.syncs, "launches": one.launches,
             "bytes": _per_node(one.ops, two.ops, graph.num_nodes),
             "names": sorted({name for name, _ in one.ops}),
             "merges": [name for name, _ in one.merges],
-            "merge_bytes": _per_node(one.merges, two.merges, graph.num_nodes)}
+            "merge_bytes": _per_node(one.merges, two.merges, graph.num_nodes),
+            "kernel_bytes": dict(zip([name for name, _ in one.kernels],
+                                     _per_node(one.kernels, two.kernels, graph.num_nodes)))}
 
 
 # ------------------------------------------------------------------------ the estimate
 
-def triton_estimate(graph, n: int, args, glue) -> Dict[str, Range]:
-    batch, heads, dim = max(1, args.tokens // n), args.heads, args.head_dim
-    work = plan_work(graph, dim)
-    pairs = batch * heads
-    rows = pairs * graph.num_nodes * dim * 2  # one [B, H, N, D] bf16 tensor, bytes
-    table = pairs * graph.num_nodes * graph.num_edge_types * 4  # the [N, T] fp32 relative-key scores
-    # forward: Q K V in, O and lse out; dQ: Q K V O dO lse in, dQ and delta out; dK/dV: Q K V dO
-    # lse/delta in, dK dV out (in the input dtype)
-    kernel_bytes = 16 * rows + 4 * table + 2 * (2 * work["tiles"] + work["windows"]) * work["block_m"] * work["block_n"]
-    memory = kernel_bytes / value("hbm")
-    low_rate, high_rate = value("tile_rate")
-    per_sm_tile = 4 * 2 * work["block_m"] * work["block_n"] * dim
-    tail = [work["longest_program_tiles"] * per_sm_tile / (rate / 132) for rate in (high_rate, low_rate)]
-    kernels = [max(work["flops"] * pairs / rate, memory, t) for rate, t in zip((high_rate, low_rate), tail)]
+def kernel_estimate(name: str, report, work, pairs: int, nodes: int, glue) -> Dict[str, object]:
+    """One tile kernel's GPU time (low, high) and the ceiling that sets it."""
+    cycles = tile_cycles(report)
+    tiles = work["tiles"][name] * pairs
+    per_graph, per_pair = glue["kernel_bytes"][report.configuration.kernel + "_kernel"]
+    memory = nodes * (per_graph + pairs * per_pair) / value("hbm")
+    bound = max(("issue", "stalls", "tensor"), key=cycles.get)
+    times, limits = [], []
+    for clock, efficiency in zip(reversed(value("clock")), reversed(value("issue_efficiency"))):  # fast first
+        parts = {f"SM {bound}": tiles * cycles[bound] / (value("sms") * clock) / efficiency,
+                 "tail": work["longest"][name] * cycles["alone"] / clock / efficiency, "HBM": memory}
+        limits.append(max(parts, key=parts.get))
+        times.append(parts[limits[-1]])
+    limit = " / ".join(dict.fromkeys(limits))
+    return {"time": tuple(times), "tiles": tiles, "cycles": cycles, "memory": memory, "limit": limit}
+
+
+def triton_estimate(graph, n: int, args, glue, kernels) -> Dict[str, object]:
+    pairs = max(1, args.tokens // n) * args.heads
+    work = plan_work(graph, args.head_dim)
+    per_kernel = {name: kernel_estimate(name, kernels[name], work, pairs, graph.num_nodes, glue)
+                  for name in TILE_KERNELS}
+    kernel_time = tuple(sum(k["time"][i] for k in per_kernel.values()) for i in (0, 1))
     glue_bytes = [graph.num_nodes * (per_graph + pairs * per_pair)
                   for per_graph, per_pair in glue["bytes"] + glue["merge_bytes"]]
     glue_gpu = [sum(max(b / value("hbm"), floor) for b in glue_bytes) for floor in value("min_kernel_s")]
     host = [glue["ops"] * a + glue["launches"] * t + p for a, t, p in
             zip(value("aten_launch_s"), value("triton_launch_s"), value("python_s"))]
-    gpu = [k + g for k, g in zip(kernels, glue_gpu)]
-    return {"kernels": tuple(kernels), "glue_gpu": tuple(glue_gpu), "host": tuple(host),
-            "total": (max(gpu[0], host[0]), gpu[1] + host[1]), "work": work,
-            "kernel_gb": kernel_bytes / 1e9, "tflop": work["flops"] * pairs / 1e12}
+    gpu = [k + g for k, g in zip(kernel_time, glue_gpu)]
+    flops = sum(kernels[name].loop["tensor_flops"] * kernels[name].configuration.num_warps * per_kernel[name]["tiles"]
+                for name in TILE_KERNELS)
+    return {"kernels": kernel_time, "per_kernel": per_kernel, "glue_gpu": tuple(glue_gpu), "host": tuple(host),
+            "total": (max(gpu[0], host[0]), gpu[1] + host[1]), "work": work, "tflop": flops / 1e12}
 
 
 def dense_estimate(n: int, args, rates: str) -> Range:
@@ -283,14 +346,21 @@ def ms(r: Range) -> str:
     return f"{r[0] * 1e3:.2f}-{r[1] * 1e3:.2f}"
 
 
-def write(rows, glue, args) -> str:
+def _ratio(dense: Range, ours: Range) -> str:
+    return f"{dense[0] / ours[1]:.1f}-{dense[1] / ours[0]:.1f}x"
+
+
+def write(rows, glue, kernels, args) -> str:
+    import triton
+
     lines = [
         "# Work model of one graph-attention op: ESTIMATES, not measurements",
         "",
         f"Per op: one attention of {args.heads} heads x {args.head_dim}, {args.tokens} tokens per batch "
         "(batch = tokens / n sentences), bf16, forward + backward, on an H100 SXM. Every time is an ESTIMATE "
-        "from the assumptions below, written as low-high; `python -m fairseq_plugins.check_gpu` replaces "
-        "them with measurements. Generated by `python scripts/triton_work_model.py`.",
+        "from the assumptions below and the counts from the compiled kernels, written as low-high; "
+        "`python -m fairseq_plugins.check_gpu` replaces them with measurements. Generated by "
+        "`python scripts/triton_work_model.py`.",
         "",
         "## Assumptions", "", "| name | value | unit | why |", "|---|---|---|---|",
     ]
@@ -298,18 +368,66 @@ def write(rows, glue, args) -> str:
         shown = "measured table" if isinstance(val, dict) else val
         lines.append(f"| {name} | {shown} | {unit} | {why} |")
     lines += [
+        "", "## The compiled kernels (counted)", "",
+        f"The binaries launched for bf16, head dim {args.head_dim}, without dropout, compiled for sm_90a by Triton "
+        f"{triton.__version__} (`triton_aot`). Loop: the instructions one thread issues per tile (the tile loop of "
+        "the SASS, by class); stalls: the control bits' fixed stall cycles over the loop; cycles per tile on one "
+        "SM: issue = warps x loop / issue width, stalls = stall cycles / blocks per SM, tensor = the block's "
+        "tensor-core FLOPs / FLOP per cycle.", "",
+        "| kernel | tile | warps | stages | registers | shared KiB | blocks/SM | warps/scheduler | loop | tensor core "
+        "| floating point | integer and address | predicate | memory | conversion | uniform | sync and control "
+        "| stalls | cycles/tile: issue | stalls | tensor |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name in TILE_KERNELS:
+        r = kernels[name]
+        c, loop, cycles = r.configuration, r.loop, tile_cycles(r)
+        lines.append(
+            f"| {name} | {c.block_m} x {c.block_n} | {c.num_warps} | {c.num_stages} | {r.registers} | "
+            f"{r.shared / 1024:.1f} | {r.blocks_per_sm} | {r.blocks_per_sm * c.num_warps / value('issue_width'):g} | "
+            f"{loop['total']} | " + " | ".join(str(loop[k]) for k in (
+                "tensor core", "floating point", "integer and address", "predicate", "memory", "conversion",
+                "uniform", "sync and control", "stall_cycles"))
+            + f" | {cycles['issue']:.0f} | {cycles['stalls']:.0f} | {cycles['tensor']:.0f} |")
+    host = [glue["ops"] * a for a in value("aten_launch_s")], [glue["launches"] * t for t in value("triton_launch_s")]
+    lines += [
         "",
-        f"Counted, not assumed: the glue of one forward + backward, run under Triton's interpreter on BPT "
-        f"k = 1 over {glue['tokens']} tokens (bf16, relative keys, padding, split blocks): "
-        f"{glue['ops']} PyTorch ops that launch kernels ({', '.join(glue['names'])}), "
-        f"{glue['launches']} Triton kernel launches ({len(glue['merges'])} of them the merges of split blocks"
-        f"{': ' + ', '.join(glue['merges']) if glue['merges'] else ''}, costed on the GPU like glue ops) and "
-        f"{glue['syncs']} host syncs; run with 1 and 2 heads, "
-        "each op's bytes split into a part per (sentence, head) and node and a part per node, scaled to "
-        "the op. Tile counts, fill and FLOPs come from the plan the backend launches; the FlexAttention "
-        "blocks from the graph's adjacency.",
-        "",
-        "## Per op", "",
+        "## Glue and host launches (counted)", "",
+        f"One forward + backward run under Triton's interpreter on BPT k = 1 over {glue['tokens']} tokens (bf16, "
+        f"relative keys, padding, split blocks): {glue['ops']} PyTorch ops that launch kernels "
+        f"({', '.join(glue['names'])}), {glue['launches']} Triton kernel launches ({len(glue['merges'])} of them "
+        f"the merges of split blocks{': ' + ', '.join(glue['merges']) if glue['merges'] else ''}, costed on the "
+        f"GPU like glue ops) and {glue['syncs']} host syncs; run with 1 and 2 heads, so that each op's bytes, and "
+        "each kernel's tensor arguments, split into a part per (sentence, head) and node and a part per node, "
+        "scaled to the op. Host time of one op, listed: "
+        f"{glue['ops']} PyTorch ops x {value('aten_launch_s')[0] * 1e6:g}-{value('aten_launch_s')[1] * 1e6:g} us "
+        f"= {ms(host[0])} ms, {glue['launches']} Triton launches x "
+        f"{value('triton_launch_s')[0] * 1e6:g}-{value('triton_launch_s')[1] * 1e6:g} us = {ms(host[1])} ms, "
+        f"the op's Python {ms(value('python_s'))} ms.",
+    ]
+    headline = next((r for r in rows if (r["n"], r["k"]) == (8192, 4)), rows[0])
+    t = headline["triton"]
+    lines += [
+        "", f"## ESTIMATE at n {headline['n']}, k {headline['k']} (batch {headline['batch']})", "",
+        "| kernel | tiles (all heads) | longest program (tiles) | HBM ms | estimate ms | set by |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in TILE_KERNELS:
+        k = t["per_kernel"][name]
+        lines.append(f"| {name} | {k['tiles']} | {t['work']['longest'][name]} | {k['memory'] * 1e3:.3f} | "
+                     f"{ms(k['time'])} | {k['limit']} |")
+    lines += [
+        "", "| | estimate ms | this op is faster by |", "|---|---|---|",
+        f"| triton kernels | {ms(t['kernels'])} | |",
+        f"| glue on the GPU ({glue['ops']} ops, {len(glue['merges'])} merge kernels) | {ms(t['glue_gpu'])} | |",
+        f"| host ({glue['ops']} ops, {glue['launches']} Triton launches, Python) | {ms(t['host'])} | |",
+        f"| **triton op** (max(GPU, host) .. GPU + host) | **{ms(t['total'])}** | |",
+    ]
+    for name, label in (("fa2", "FlashAttention-2 (SDPA)"), ("fa3", "FlashAttention-3"), ("cudnn", "cuDNN"),
+                        ("flex", f"FlexAttention ({headline['flex_blocks']} blocks per head)")):
+        lines.append(f"| {label} | {ms(headline[name])} | {_ratio(headline[name], t['total'])} |")
+    lines += [
+        "", "## Per op, every n and k", "",
         "| n | k | batch | tiles / head | tile fill | flex blocks / head | flex fill | triton TFLOP | "
         "kernels ms | glue GPU ms | host ms | **triton op ms** | FA2 ms | FA3 ms | cuDNN ms | flex ms |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -317,7 +435,7 @@ def write(rows, glue, args) -> str:
     for r in rows:
         t = r["triton"]
         lines.append(
-            f"| {r['n']} | {r['k']} | {r['batch']} | {t['work']['tiles']} | {t['work']['fill']:.1%} | "
+            f"| {r['n']} | {r['k']} | {r['batch']} | {t['work']['tiles']['forward']} | {t['work']['fill']:.1%} | "
             f"{r['flex_blocks']} | {r['flex_fill']:.1%} | {t['tflop']:.3f} | {ms(t['kernels'])} | "
             f"{ms(t['glue_gpu'])} | {ms(t['host'])} | **{ms(t['total'])}** | {ms(r['fa2'])} | {ms(r['fa3'])} | "
             f"{ms(r['cudnn'])} | {ms(r['flex'])} |")
@@ -338,6 +456,7 @@ def main(argv=None):
                         help="tokens of the graph the glue is counted on (1100: with split blocks)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "triton_work_model")
     args = parser.parse_args(argv)
+    kernels = compiled_kernels(args.head_dim)
     glue = count_glue(args.glue_tokens, args.head_dim)
     rows = []
     for n in args.lengths:
@@ -346,11 +465,11 @@ def main(argv=None):
             flex, blocks = flex_estimate(graph, n, args)
             block = value("flex_block")
             rows.append({"n": n, "k": k, "batch": max(1, args.tokens // n),
-                         "triton": triton_estimate(graph, n, args, glue), "flex": flex, "flex_blocks": blocks,
+                         "triton": triton_estimate(graph, n, args, glue, kernels), "flex": flex, "flex_blocks": blocks,
                          "flex_fill": graph.num_edges / (blocks * block * block),
                          **{name: dense_estimate(n, args, f"{name}_rate") for name in ("fa2", "fa3", "cudnn")}})
             print(f"n {n} k {k} done", file=sys.stderr)
-    print(write(rows, glue, args))
+    print(write(rows, glue, kernels, args))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ with and without dropout, the merges of split blocks) is compiled here for sm_80
 and checked against what a GPU would reject or run slowly:
 
 * zero spill stores and loads in the ptxas report of the shipped binary (register counts
-  alone mislead: a badly spilling kernel can report few registers);
+  alone mislead: a badly spilling kernel can report few registers), and at most
+  ``MAX_REGISTERS`` registers a thread (headroom under ptxas's 255: a newer Triton or a small
+  kernel change near the cap turns into spills);
 * ``metadata.shared`` within the target's per-block limit (Triton checks it only at load);
 * the tensor-core product on the dtype's operands in the PTX (``wgmma.mma_async`` on sm_90a
   for 64-row tiles, ``mma.sync`` for smaller ones and on sm_80), for the tile kernels: the
@@ -21,19 +23,23 @@ launch builds.
     python -m fairseq_plugins.graph_attention.triton_aot [--capabilities 80 90] [--json FILE]
 
 Each compile runs in a fresh process (``TRITON_INTERPRET`` unset, no GPU visible, a private
-cache so that ptxas runs and reports).
+cache so that ptxas runs and reports). Each report also carries the instruction mix of the
+kernel's tile loop, read from the binary's SASS (``tile_loop``): what the work model
+(``scripts/triton_work_model.py``) turns into issue-bound times. ``triton_budget`` runs this
+module under every Triton a supported torch pins.
 """
 
 import contextlib
 import io
 import json
+from collections import Counter
 import os
 import re
 import sys
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from ..command_line import command_parser
 
@@ -44,6 +50,7 @@ WARPGROUP_ROWS = 64  # a wgmma product's rows: smaller tiles run mma.sync on sm_
 REGISTERS_PER_SM = 65536
 MAX_THREADS_PER_SM = 2048
 MAX_BLOCKS_PER_SM = 32
+MAX_REGISTERS = 240  # the budget: ptxas allows 255; the rest is headroom for other Triton versions
 DTYPE_NAMES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 # kernels without a matrix product (weighted sums of their parts' rows): no tensor-core
 # instruction is required of them, and they have no dropout to compile
@@ -60,6 +67,7 @@ class Configuration:
     num_warps: int
     num_stages: int
     dropout: bool  # the DROPOUT constexpr: each configuration is launched with and without
+    max_registers: Optional[int] = None  # ptxas's cap a thread (maxnreg); None: its own
 
 
 @dataclass(frozen=True)
@@ -71,10 +79,14 @@ class CompileReport:
     spill_loads: int
     shared: int  # bytes of shared memory per block
     tensor_core: Optional[bool]  # the PTX has ``tensor_core_instruction``; None: none required
+    loop: Optional[Dict[str, int]] = None  # ``tile_loop`` of the SASS; None: no loop found
 
     def problems(self) -> List[str]:
-        """What a GPU would reject or run slowly (empty when the binary is fine)."""
+        """What a GPU would reject or run slowly, or what breaks the register budget (empty
+        when the binary is fine)."""
         found = []
+        if self.registers > MAX_REGISTERS:
+            found.append(f"{self.registers} registers > {MAX_REGISTERS}")
         if self.spill_stores or self.spill_loads:
             found.append(f"spills {self.spill_stores} B stores / {self.spill_loads} B loads")
         if self.shared > TARGETS[self.capability][1]:
@@ -93,6 +105,12 @@ class CompileReport:
         return min(by_registers, by_shared, MAX_THREADS_PER_SM // threads, MAX_BLOCKS_PER_SM)
 
 
+def reports_from(written: dict) -> List[CompileReport]:
+    """The reports in what ``main --json`` wrote (read as JSON)."""
+    return [CompileReport(**{**r, "configuration": Configuration(**r["configuration"])})
+            for r in written["reports"]]
+
+
 def tensor_core_instruction(configuration: Configuration, capability: int) -> Optional[str]:
     """The tensor-core product (a regular expression over the PTX) a configuration must
     use: ``wgmma.mma_async`` on sm_90a when its products have 64 rows, else ``mma.sync``; on
@@ -106,14 +124,96 @@ def tensor_core_instruction(configuration: Configuration, capability: int) -> Op
     return rf"mma\.sync\.aligned\.m16n8k\d+\.row\.col\.f32\.{t}\.{t}\.f32"
 
 
-def launched_configurations() -> List[Configuration]:
-    """Every configuration the backend launches: its ``CONFIGS`` table, entry by entry, the
-    tile kernels with and without dropout."""
-    from fairseq_plugins.graph_attention.triton_backend import CONFIGS
+# SASS opcodes (the part before the first dot) by what they spend an issue slot on; the rest
+# (branches, barriers, warpgroup fences, shuffles, special registers) is "sync and control"
+INSTRUCTION_CLASSES = {
+    "tensor core": ("HGMMA", "HMMA", "IMMA", "QGMMA"),
+    "floating point": ("FADD", "FMUL", "FFMA", "FMNMX", "MUFU", "FSEL", "FCHK", "HADD2", "HMUL2", "HFMA2",
+                       "HMNMX2", "DADD", "DMUL", "DFMA"),
+    "conversion": ("F2F", "F2FP", "F2I", "I2F", "I2FP", "FRND"),
+    "integer and address": ("IMAD", "IADD3", "IADD", "IMUL", "LEA", "LOP3", "SHF", "SEL", "PRMT", "SGXT", "MOV",
+                            "IABS", "IMNMX", "VIADD", "VIMNMX", "BMSK", "POPC", "FLO", "BREV", "CS2R", "IDP"),
+    "predicate": ("ISETP", "FSETP", "DSETP", "PLOP3", "P2R", "R2P", "VOTE", "PSETP", "HSETP2"),
+    "memory": ("LDG", "STG", "LDS", "STS", "LDSM", "STSM", "LDGSTS", "LDGDEPBAR", "LD", "ST", "LDC", "ATOM",
+               "ATOMG", "ATOMS", "RED", "REDG", "UTMALDG", "UTMASTG", "UBLKCP"),
+}
+_CLASS_OF = {opcode: name for name, opcodes in INSTRUCTION_CLASSES.items() for opcode in opcodes}
+_LABEL = re.compile(r"^(\w+):$")
+_WARPGROUP_MMA = re.compile(r"^[HQ]GMMA\.(\d+)x(\d+)x(\d+)")  # a warpgroup's (4 warps') product, m x n x k
+_WARP_MMA = re.compile(r"^HMMA\.16(8)(\d+)")  # one warp's product, 16 x 8 x k
+_BRANCH = re.compile(r"\bBRA(?:\.\w+)* (\w+);")
+
+
+def instruction_class(opcode: str) -> str:
+    """The class of a SASS opcode (``HGMMA.64x32x16.F32.BF16`` -> "tensor core"); the other
+    uniform-datapath instructions (``U...``) are "uniform"."""
+    base = opcode.split(".")[0]
+    if base in _CLASS_OF:
+        return _CLASS_OF[base]
+    return "uniform" if base.startswith("U") else "sync and control"
+
+
+def tensor_flops(opcode: str) -> int:
+    """FLOPs of one warp's issue of a tensor-core opcode: a warpgroup product counts a
+    quarter of its 2 m n k (each of its 4 warps issues it); 0 for any other opcode."""
+    found = _WARPGROUP_MMA.match(opcode)
+    if found:
+        m, n, k = map(int, found.groups())
+        return 2 * m * n * k // 4
+    found = _WARP_MMA.match(opcode)
+    return 2 * 16 * int(found.group(1)) * int(found.group(2)) if found else 0
+
+
+def tile_loop(sass: str) -> Optional[Dict[str, int]]:
+    """The instruction mix of the kernel's tile loop in its SASS (Triton's ``asm["sass"]``: a
+    line per instruction, control bits and instruction separated by a tab, labels on their
+    own lines): among the loops (a label and a later branch back to it), the one with the
+    most tensor-core instructions, the innermost of those (a kernel without products: its
+    longest loop). The counts are the loop body's static instructions (a branch inside it
+    would skip some; the tile kernels' bodies are predicated straight-line code), by
+    ``instruction_class``, with their ``total``, ``stall_cycles`` (the fixed stall cycles
+    the control bits give after each instruction: the least time one warp needs per
+    iteration) and ``tensor_flops`` (per warp, ``tensor_flops``). None: no loop."""
+    rows, labels, loops = [], {}, []
+    for line in sass.splitlines():
+        label = _LABEL.match(line.strip())
+        if label:
+            labels[label.group(1)] = len(rows)
+            continue
+        if "\t" not in line:
+            continue
+        control, instruction = line.split("\t", 1)
+        words = instruction.split()
+        opcode = words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
+        rows.append((control, opcode.rstrip(";")))
+        branch = _BRANCH.search(instruction)
+        if branch and branch.group(1) in labels:
+            loops.append((labels[branch.group(1)], len(rows)))
+    if not loops:
+        return None
+
+    def preference(loop):  # most products, then innermost; without products, longest
+        start, end = loop
+        products = sum(instruction_class(op) == "tensor core" for _, op in rows[start:end])
+        return products, start - end if products else end - start
+
+    start, end = max(loops, key=preference)
+    counts = Counter(instruction_class(op) for _, op in rows[start:end])
+    stalls = sum(int(control.rsplit(":", 1)[1], 16) for control, _ in rows[start:end])
+    return {**{name: counts[name] for name in (*INSTRUCTION_CLASSES, "uniform", "sync and control")},
+            "total": end - start, "stall_cycles": stalls,
+            "tensor_flops": sum(tensor_flops(op) for _, op in rows[start:end])}
+
+
+def launched_configurations(capability: int = 90) -> List[Configuration]:
+    """Every configuration the backend launches on a GPU of ``capability``: its launch table
+    (``triton_backend.launch_table``), entry by entry, the tile kernels with and without
+    dropout."""
+    from fairseq_plugins.graph_attention.triton_backend import launch_table
 
     return [Configuration(kernel, str(dtype).replace("torch.", ""), dim, c.block_m, c.block_n,
-                          c.num_warps, c.num_stages, dropout)
-            for (kernel, dtype, dim), c in CONFIGS.items()
+                          c.num_warps, c.num_stages, dropout, c.max_registers)
+            for (kernel, dtype, dim), c in launch_table(capability).items()
             for dropout in ((False,) if kernel in NO_PRODUCTS else (False, True))]
 
 
@@ -177,8 +277,8 @@ def compile_configuration(configuration: Configuration, capability: int) -> Comp
         compiled = triton.compile(
             ASTSource(fn=kernel, signature=types, constexprs=constants, attrs=aligned),
             target=GPUTarget("cuda", capability, 32),
-            options={"num_warps": configuration.num_warps,
-                     "num_stages": configuration.num_stages})
+            options={"num_warps": configuration.num_warps, "num_stages": configuration.num_stages,
+                     "maxnreg": configuration.max_registers})
     report = log.getvalue()
     registers = re.search(r"Used (\d+) registers", report)
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
@@ -188,7 +288,8 @@ def compile_configuration(configuration: Configuration, capability: int) -> Comp
     return CompileReport(configuration, capability, int(registers.group(1)),
                          int(spills.group(1)), int(spills.group(2)), compiled.metadata.shared,
                          None if instruction is None else
-                         re.search(instruction, compiled.asm["ptx"]) is not None)
+                         re.search(instruction, compiled.asm["ptx"]) is not None,
+                         tile_loop(compiled.asm["sass"]))
 
 
 def _compile_in_worker(arguments):
@@ -227,10 +328,13 @@ def main(argv=None):
     parser = command_parser(description=__doc__.splitlines()[0])
     parser.add_argument("--capabilities", type=int, nargs="+", default=sorted(TARGETS),
                         choices=sorted(TARGETS), help="compute capabilities to compile for (default: all)")
+    parser.add_argument("--kernels", nargs="+", metavar="KERNEL",
+                        help="compile only these kernels' configurations (default: every launched one)")
     parser.add_argument("--workers", type=int, default=2, help="compiling processes (default: %(default)s)")
-    parser.add_argument("--json", help="also write the reports here")
+    parser.add_argument("--json", help="also write the reports here, with the Triton that compiled them")
     args = parser.parse_args(argv)
-    jobs = [(c, cc) for cc in args.capabilities for c in launched_configurations()]
+    jobs = [(c, cc) for cc in args.capabilities for c in launched_configurations(cc)
+            if args.kernels is None or c.kernel in args.kernels]
     reports = compile_all(jobs, args.workers)
     print("| target | kernel | dtype | D | tile | warps | stages | dropout | registers | spills "
           "| shared KiB | blocks/SM | tensor cores |\n"
@@ -247,8 +351,11 @@ def main(argv=None):
               f"| {r.spill_stores + r.spill_loads} | {r.shared / 1024:.1f} | {r.blocks_per_sm} "
               f"| {product} |")
     if args.json:
+        import triton
+
         with open(args.json, "w") as f:
-            json.dump([asdict(r) for r in reports], f, indent=1)
+            json.dump({"triton": triton.__version__, "triton_path": os.path.dirname(triton.__file__),
+                       "reports": [asdict(r) for r in reports]}, f, indent=1)
     bad = [(r.configuration, r.capability, r.problems()) for r in reports if r.problems()]
     for configuration, capability, problems in bad:
         print(f"FAIL {configuration} sm_{capability}: {'; '.join(problems)}", file=sys.stderr)

@@ -28,6 +28,7 @@ run under ``TRITON_INTERPRET=1`` (the tests).
 """
 
 import contextlib
+import dataclasses
 import functools
 import os
 from dataclasses import dataclass
@@ -60,6 +61,7 @@ class LaunchConfig:
     block_n: int
     num_warps: int
     num_stages: int
+    max_registers: Optional[int] = None  # ptxas's registers a thread at most (maxnreg); None: its own 255
 
 
 # (kernel, head dim) -> configuration, chosen by the limits ``triton_aot`` checks (zero
@@ -88,6 +90,21 @@ _FP32 = {  # 4-byte operands, split again by tf32x3: smaller tiles (larger ones 
     ("backward_key", 64): LaunchConfig(32, 16, 4, 1),
     ("backward_key", 128): LaunchConfig(16, 16, 4, 1),
 }
+# The binaries that ptxas, left to itself, gives more than 240 registers a thread
+# (``triton_aot``'s budget, its MAX_REGISTERS) under some checked Triton (3.6.0 above all:
+# up to 255) are compiled with at most 240 (``max_registers``): so they keep their warps,
+# stages and blocks per SM (4 warps x 240 registers: 2 blocks), where 8 warps or one stage
+# fit some of them without the cap only at one block per SM or with unpipelined loads. Only
+# those: a cap is also a target, ptxas then uses up to it (the sm_90a bf16 forward at head
+# dim 64 took 204 registers under it against 149 without, one block per SM fewer).
+REGISTER_CAP = 240
+_HALF_CAPPED = {("backward_query", 32), ("backward_query", 64), ("backward_query", 128), ("backward_key", 64),
+                ("backward_key", 128)}
+_FP32_CAPPED = {("backward_query", 128), ("backward_key", 64), ("backward_key", 128)}
+# and on sm_80 also these
+_SM80_CAPPED = {(torch.float16, "forward", 64), (torch.bfloat16, "forward", 64), (torch.float16, "backward_key", 32),
+                (torch.bfloat16, "backward_key", 32), (torch.float32, "backward_query", 32),
+                (torch.float32, "backward_key", 32)}
 # the merges of split blocks: the plan's block (their BLOCK_M), no pipelining (a handful of
 # parts, no products), a warp per 1024 elements of their fp32 [block_m, D] sums (32
 # registers a thread), at least 4 (head dim 128 on 4 warps spills on sm_90a)
@@ -101,13 +118,42 @@ def merge_warps(block_m: int, head_dim: int) -> int:
 # (kernel, dtype, head dim) -> the one configuration launched, the three tile kernels each
 # with and without dropout
 CONFIGS: Dict[Tuple[str, torch.dtype, int], LaunchConfig] = {
-    (kernel, dtype, dim): config
-    for dtype, table in ((torch.float32, _FP32), (torch.float16, _HALF), (torch.bfloat16, _HALF))
+    (kernel, dtype, dim): dataclasses.replace(config, max_registers=REGISTER_CAP if (kernel, dim) in capped else None)
+    for dtype, table, capped in ((torch.float32, _FP32, _FP32_CAPPED), (torch.float16, _HALF, _HALF_CAPPED),
+                                 (torch.bfloat16, _HALF, _HALF_CAPPED))
     for (kernel, dim), config in table.items()}
 CONFIGS.update({(merge, dtype, dim): LaunchConfig(config.block_m, config.block_n,
                                                   merge_warps(config.block_m, dim), 1)
                 for (kernel, dtype, dim), config in list(CONFIGS.items()) if kernel == "forward"
                 for merge in MERGE_KERNELS})
+# capability -> the launches that differ there from ``CONFIGS`` (the sm_90a table), so that
+# every binary meets the budget of ``triton_aot`` (at most 240 registers, no spills) under
+# every Triton that ``triton_budget`` checks; the tiles stay those of ``CONFIGS`` (one plan
+# per dtype and head dim)
+ARCH_CHANGES: Dict[int, Dict[Tuple[str, torch.dtype, int], LaunchConfig]] = {
+    80: {**{(kernel, dtype, dim): dataclasses.replace(CONFIGS[(kernel, dtype, dim)], max_registers=REGISTER_CAP)
+            for dtype, kernel, dim in _SM80_CAPPED},
+         # capped on one stage it spills under Triton 3.6.0 (32-36 B); on two, or on 8 warps
+         # (one block per SM), not
+         ("backward_key", torch.float32, 128): LaunchConfig(16, 16, 4, 2, REGISTER_CAP)}}
+
+
+def launch_table(capability: Optional[int] = None) -> Dict[Tuple[str, torch.dtype, int], LaunchConfig]:
+    """The configurations launched on a GPU of ``capability`` (major * 10 + minor): sm_8x
+    runs the sm_80 table, sm_90 and newer and the interpreter (None) run ``CONFIGS``."""
+    if capability is None or capability >= 90:
+        return CONFIGS
+    return {**CONFIGS, **ARCH_CHANGES[80]}
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device: torch.device) -> Optional[int]:
+    if device.type != "cuda":
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    return 10 * major + minor
+
+
 KERNELS = {"forward": triton_kernels.forward_kernel,
            "backward_query": triton_kernels.backward_query_kernel,
            "backward_key": triton_kernels.backward_key_kernel,
@@ -202,13 +248,13 @@ def device_guard(tensor: torch.Tensor):
 def _launch(name, grid, dtype, head_dim, dropout, *args):
     """Launch kernel ``name`` in its configuration for (dtype, head dim); ``args[0]`` is a
     tensor on the launch's device."""
-    config = CONFIGS[(name, dtype, head_dim)]
+    config = launch_table(_capability(args[0].device))[(name, dtype, head_dim)]
     # the interpreter's bf16 tl.dot is wrong (Triton issue 11584): compute those in fp32
     upcast = interpreted() and dtype == torch.bfloat16
     constants = kernel_constants(name, dtype, head_dim, config, dropout, upcast)
     with device_guard(args[0]):
         KERNELS[name][grid](*args, **constants, num_warps=config.num_warps,
-                            num_stages=config.num_stages)
+                            num_stages=config.num_stages, maxnreg=config.max_registers)
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:

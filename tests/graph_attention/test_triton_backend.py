@@ -184,7 +184,7 @@ def test_every_launch_is_a_configuration_of_the_compiled_table(monkeypatch):
     seen = set()
     for name, args, kwargs in launches:
         dtype = str(args[0].dtype).replace("torch.", "")
-        constants = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages")}
+        constants = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages", "maxnreg")}
         tile_kernel = name not in triton_backend.MERGE_KERNELS
         assert constants.get("UPCAST", False) == (tile_kernel and dtype == "bfloat16")
         entry = (name, dtype, constants["D"], constants.get("DROPOUT", False))
@@ -192,8 +192,8 @@ def test_every_launch_is_a_configuration_of_the_compiled_table(monkeypatch):
         assert {**constants, "UPCAST": False} == {**triton_aot.compile_constants(configuration),
                                                   "UPCAST": False}
         assert ("UPCAST" in constants) == tile_kernel
-        assert (kwargs["num_warps"], kwargs["num_stages"]) == (configuration.num_warps,
-                                                               configuration.num_stages)
+        assert (kwargs["num_warps"], kwargs["num_stages"], kwargs["maxnreg"]) == (
+            configuration.num_warps, configuration.num_stages, configuration.max_registers)
         types = triton_aot.signature(triton_backend.KERNELS[name].kernel, dtype, constants)
         names = [n for n in triton_backend.KERNELS[name].kernel.arg_names if n not in constants]
         assert len(args) == len(names)

@@ -84,10 +84,11 @@ def test_help_is_plain_and_every_option_has_help(name, monkeypatch, capsys):
     _assert_plain_help_for_every_option(_entry_point(name), monkeypatch, capsys)
 
 
-# the commands run as python -m (check_gpu runs the last five; triton_aot is the Triton kernels' check)
+# the commands run as python -m (check_gpu runs five; triton_aot and triton_budget are the Triton kernels' checks)
 MODULES = ["fairseq_plugins.recipes.lm_study", "fairseq_plugins.check_gpu.lm_update",
            "fairseq_plugins.check_gpu.model_update", "fairseq_plugins.check_gpu.op_benchmark",
-           "fairseq_plugins.check_gpu.headline", "fairseq_plugins.graph_attention.triton_aot"]
+           "fairseq_plugins.check_gpu.headline", "fairseq_plugins.graph_attention.triton_aot",
+           "fairseq_plugins.graph_attention.triton_budget"]
 
 
 @pytest.mark.parametrize("module", MODULES)

@@ -80,15 +80,25 @@ def test_benchmark_slowfast_tiny(tmp_path):
 @pytest.mark.cli
 def test_triton_work_model_tiny(tmp_path):
     """The estimate's counted inputs at the setting the GPU review estimated by hand (BPT
-    n 8192, k 4: 16.3% tile fill, 1,202 FlexAttention blocks per head), every assumption
-    listed, and each time an ESTIMATE range."""
+    n 8192, k 4: 16.3% tile fill, 1,202 FlexAttention blocks per head), the compiled
+    kernels' tile loops read from their sm_90a SASS, every assumption listed, and each time
+    an ESTIMATE range, against FA2, FA3 and flex."""
     pytest.importorskip("triton")
     out = tmp_path / "work_model"
     run_script("triton_work_model", "--lengths", "8192", "--ks", "4", "--glue-tokens", "100", "--out", out)
     table = out.with_suffix(".md").read_text()
-    assert "ESTIMATES" in table
-    for name in ("tile_rate", "fa2_rate", "hbm", "l2_reuse", "aten_launch_s", "triton_launch_s", "flex_fraction"):
+    assert "ESTIMATES" in table and "## ESTIMATE at n 8192, k 4" in table
+    for name in ("clock", "issue_width", "issue_efficiency", "tensor_flop_per_cycle", "fa2_rate", "fa3_rate", "hbm",
+                 "l2_reuse", "aten_launch_s", "triton_launch_s", "flex_fraction"):
         assert f"| {name} |" in table
+    for kernel in ("forward", "backward_query", "backward_key"):
+        row = next(line for line in table.splitlines() if line.startswith(f"| {kernel} | 64 x 32 |"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        loop, tensor_core = int(cells[8]), int(cells[9])
+        assert loop > 100 and tensor_core > 0  # the tile loop, found in the SASS, with its products
+        assert sum(int(c) for c in cells[9:17]) == loop  # every instruction in one class
+    for label in ("FlashAttention-2 (SDPA)", "FlashAttention-3", "FlexAttention"):
+        assert next(line for line in table.splitlines() if line.startswith(f"| {label}")).endswith("x |")
     row = next(line for line in table.splitlines() if line.startswith("| 8192 | 4 |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[4] == "16.3%" and cells[5] == "1202"
