@@ -17,8 +17,8 @@ Lengths: the MTL-16 average, 109 tokens, is the paper's (Sec. Text Classificatio
 states that the largest speed-up is at an average of 201 tokens, which this script reads as
 IMDB, the figure's longest dataset; MR's 21 tokens is ours: the paper gives no MR length and
 the MTL-16 release (Liu, Qiu and Huang 2017) is not available offline here, so 21 stands for one
-sentence (MR's reviews are single sentences). ``--lengths NAME=N`` replaces them. Ratios are against the Transformer of the
-same run.
+sentence (MR's reviews are single sentences). ``--lengths NAME=N`` replaces them. Ratios are
+against the Transformer of the same run.
 """
 
 import argparse
@@ -75,7 +75,8 @@ def build_models(device: torch.device) -> Dict[str, Callable]:
     return models
 
 
-def test_batch_seconds(models: Dict[str, Callable], length: int, repeats: int, device: torch.device) -> Dict[str, float]:
+def test_batch_seconds(models: Dict[str, Callable], length: int, repeats: int,
+                       device: torch.device) -> Dict[str, float]:
     """Median seconds of one test batch per model, the models alternating."""
     gen = torch.Generator().manual_seed(length)
     tokens = torch.randint(4, DICTIONARY_SIZE, (BATCH, length), generator=gen).to(device)

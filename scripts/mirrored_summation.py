@@ -164,8 +164,9 @@ def main(argv=None):
             rows.append(train_and_test(name, k, args))
             print(f"K {k} {name}: test MSE {rows[-1]['test_mse']:.4f} "
                   f"({rows[-1]['relative_mse']:.3f} of the target's variance)", flush=True)
-    setup = (f"{machine_line(COMMAND).rstrip('.')}; N {args.length}, d {INPUT_DIM}, hidden {args.dim}, {args.steps} updates of "
-             f"{args.batch}, Adam lr {args.lr}, {args.test_samples} test samples, seed {args.seed}")
+    setup = (f"{machine_line(COMMAND).rstrip('.')}; N {args.length}, d {INPUT_DIM}, hidden {args.dim}, "
+             f"{args.steps} updates of {args.batch}, Adam lr {args.lr}, {args.test_samples} test samples, "
+             f"seed {args.seed}")
     write_outputs(args.out, setup, rows)
     return rows
 

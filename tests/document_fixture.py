@@ -14,3 +14,14 @@ def binarized_doc_fixture(tmp_path: Path) -> Path:
     for split in ("train", "valid", "test"):
         shutil.copy(FIXTURE / f"{split}.docids", dest / f"{split}.docids")
     return dest
+
+
+def english_bpe_codes(folder: Path) -> Path:
+    """folder/codes: subword-nmt codes learnt on the fixture's English side (as a user's prepare
+    step would)."""
+    from subword_nmt.learn_bpe import learn_bpe
+
+    codes = Path(folder) / "codes"
+    with open(FIXTURE / "train.en", encoding="utf-8") as text, open(codes, "w", encoding="utf-8") as out:
+        learn_bpe(text, out, num_symbols=60)
+    return codes

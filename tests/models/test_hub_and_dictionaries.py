@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from subword_nmt.learn_bpe import learn_bpe
 
 from fairseq import checkpoint_utils
 from fairseq.models import ARCH_MODEL_REGISTRY
@@ -17,7 +16,7 @@ from fairseq.models.transformer import TransformerModel
 
 from fairseq_plugins.models.dictionary_fingerprint import BUFFER, OVERRIDE, DictionaryMismatchError, fingerprint
 from tests.cli import USER_DIR, hypotheses, run_cli
-from tests.document_fixture import FIXTURE as DOC_FIXTURE
+from tests.document_fixture import english_bpe_codes
 from tests.models.test_checkpoint_compat import ARCHS, FIXTURES
 
 SENTENCE = "The man, who works here, doesn't like the new cars."
@@ -25,11 +24,7 @@ SENTENCE = "The man, who works here, doesn't like the new cars."
 
 @pytest.fixture(scope="module")
 def bpe_codes(tmp_path_factory):
-    """subword-nmt codes learnt on the fixture's English side (as a user's prepare step would)."""
-    codes = tmp_path_factory.mktemp("bpe") / "codes"
-    with open(DOC_FIXTURE / "train.en", encoding="utf-8") as text, open(codes, "w", encoding="utf-8") as out:
-        learn_bpe(text, out, num_symbols=60)
-    return codes
+    return english_bpe_codes(tmp_path_factory.mktemp("bpe"))
 
 
 def _hub(arch, bpe_codes):

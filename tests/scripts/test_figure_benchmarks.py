@@ -62,7 +62,8 @@ def test_mirrored_summation_target_against_a_loop():
 
 def test_mirrored_summation_models_are_the_papers_variants():
     def layers(name):
-        return [tuple(layer.self_attn.scales) for layer in mirrored_summation.Regressor(name, 20, 0.0, 1.0).encoder.layers]
+        encoder = mirrored_summation.Regressor(name, 20, 0.0, 1.0).encoder
+        return [tuple(layer.self_attn.scales) for layer in encoder.layers]
 
     three = tuple(parse_scales(",".join(["3"] * 10)))
     assert layers("MS-Trans-Hier-S") == [three] * 2
@@ -95,7 +96,8 @@ def test_multiscale_speed_tiny_run(tmp_path):
         (d, m) for d in ("SHORT", "LONG") for m in ("MS-Trans", "Transformer", "BiLSTM")]
     assert all(r["seconds"] > 0 for r in rows)
     assert all(r["ratio"] == 1.0 for r in rows if r["model"] == "Transformer")
-    assert (tmp_path / "speed.png").stat().st_size > 0 and "| LONG | 12 | MS-Trans |" in (tmp_path / "speed.md").read_text()
+    assert (tmp_path / "speed.png").stat().st_size > 0
+    assert "| LONG | 12 | MS-Trans |" in (tmp_path / "speed.md").read_text()
 
 
 def test_multiscale_speed_models_are_table3s():

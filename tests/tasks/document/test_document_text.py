@@ -10,12 +10,11 @@ import sys
 import pytest
 import sentencepiece as spm
 from fairseq.data import Dictionary
-from subword_nmt.learn_bpe import learn_bpe
 
 from fairseq_plugins.data.document_text import SentenceSeparated
 from fairseq_plugins.tasks.document_translation import DocumentTranslationConfig, DocumentTranslationTask
 from tests.cli import REPO, USER_DIR, generate, hypotheses, run_cli
-from tests.document_fixture import FIXTURE as DOC_FIXTURE
+from tests.document_fixture import FIXTURE as DOC_FIXTURE, english_bpe_codes
 from tests.models.test_checkpoint_compat import FIXTURES
 
 CONTEXT, SENTENCE = "A man, who works here, is riding a bike.", "He doesn't like the new cars."
@@ -27,10 +26,7 @@ MOSES_ARGS = dict(tokenizer="moses", moses_source_lang="en", moses_target_lang="
 
 @pytest.fixture(scope="module")
 def bpe_codes(tmp_path_factory):
-    codes = tmp_path_factory.mktemp("bpe") / "codes"
-    with open(DOC_FIXTURE / "train.en", encoding="utf-8") as text, open(codes, "w", encoding="utf-8") as out:
-        learn_bpe(text, out, num_symbols=60)
-    return codes
+    return english_bpe_codes(tmp_path_factory.mktemp("bpe"))
 
 
 @pytest.fixture(scope="module")
