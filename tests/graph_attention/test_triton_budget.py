@@ -27,6 +27,7 @@ def _cached_copy_of_the_installed_triton(cache: Path) -> str:
     return version
 
 
+@pytest.mark.cli  # triton_budget runs `python -m ...triton_aot` under the cached Triton
 def test_each_version_is_compiled_by_the_triton_in_its_own_folder(tmp_path, capsys):
     version = _cached_copy_of_the_installed_triton(tmp_path / "cache")
     out = tmp_path / "budget"
