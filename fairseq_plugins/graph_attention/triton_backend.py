@@ -157,14 +157,12 @@ def launch_table(capability: Optional[int] = None,
                  triton_version: Optional[str] = None) -> Dict[Tuple[str, torch.dtype, int], LaunchConfig]:
     """The configurations launched on a GPU of ``capability`` (major * 10 + minor) by Triton
     ``triton_version`` (default: the installed one): sm_8x runs the sm_80 table, sm_90 and
-    newer ``CONFIGS``, each with the changes of ``TRITON_CHANGES`` up to that Triton; the
-    interpreter (None) runs ``CONFIGS``."""
-    if capability is None:
-        return CONFIGS
+    newer and the interpreter (None) ``CONFIGS``, each with the changes of
+    ``TRITON_CHANGES`` up to that Triton."""
     import triton
 
     triton_release = release(triton_version or triton.__version__)
-    changes = [ARCH_CHANGES[80]] if capability < 90 else []
+    changes = [ARCH_CHANGES[80]] if capability is not None and capability < 90 else []
     changes += [table for since, table in sorted(TRITON_CHANGES.items()) if triton_release >= since]
     return CONFIGS if not changes else {key: config for table in (CONFIGS, *changes) for key, config in table.items()}
 

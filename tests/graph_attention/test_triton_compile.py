@@ -78,14 +78,14 @@ def test_an_interpreter_that_cannot_run_the_kernels_is_named_and_refused(monkeyp
 
 
 def test_each_architecture_has_a_launch_table_with_the_same_tiles():
-    """sm_8x GPUs run the sm_80 table, sm_90 and newer the sm_90a one, each with the changes
-    of the installed Triton, the interpreter ``CONFIGS``; every table launches every kernel,
-    with the tiles of the one plan per dtype and head dim."""
+    """sm_8x GPUs run the sm_80 table, sm_90 and newer and the interpreter the sm_90a one,
+    each with the changes of the installed Triton; every table launches every kernel, with
+    the tiles of the one plan per dtype and head dim."""
     from fairseq_plugins.graph_attention import triton_backend
 
     sm80, sm90 = triton_backend.launch_table(80), triton_backend.launch_table(90)
     assert triton_backend.launch_table(86) == triton_backend.launch_table(89) == sm80
-    assert triton_backend.launch_table(100) == sm90 and triton_backend.launch_table(None) is triton_backend.CONFIGS
+    assert triton_backend.launch_table(100) == triton_backend.launch_table(None) == sm90
     assert triton_backend.launch_table(90, "3.7.1") is triton_backend.CONFIGS
     for capability in (80, 90):
         for version in ("3.6.0", "3.7.1", "3.8.0", "3.9.0+git1234"):
