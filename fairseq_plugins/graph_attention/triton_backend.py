@@ -138,12 +138,33 @@ ARCH_CHANGES: Dict[int, Dict[Tuple[str, torch.dtype, int], LaunchConfig]] = {
          ("backward_key", torch.float32, 128): LaunchConfig(16, 16, 4, 2, REGISTER_CAP)}}
 
 
-def launch_table(capability: Optional[int] = None) -> Dict[Tuple[str, torch.dtype, int], LaunchConfig]:
-    """The configurations launched on a GPU of ``capability`` (major * 10 + minor): sm_8x
-    runs the sm_80 table, sm_90 and newer and the interpreter (None) run ``CONFIGS``."""
-    if capability is None or capability >= 90:
-        return CONFIGS
-    return {**CONFIGS, **ARCH_CHANGES[80]}
+# Triton (major, minor) -> the launches that differ, on every target, under that release and
+# later ones: where its compiler spills in the table's configuration. Only those binaries
+# change, so the others keep what every earlier Triton was checked with.
+TRITON_CHANGES: Dict[Tuple[int, int], Dict[Tuple[str, torch.dtype, int], LaunchConfig]] = {
+    (3, 8): {
+        # uncapped, ptxas keeps it to 168 registers (3 blocks per SM) and spills 8-24 B; capped
+        # at 240 it takes 178-190 without spills (2 blocks per SM, those of Triton 3.7)
+        ("forward", torch.float32, 128): dataclasses.replace(CONFIGS[("forward", torch.float32, 128)],
+                                                             max_registers=REGISTER_CAP),
+        # at the cap on two stages it spills 4-24 B; one stage (unpipelined loads) fits
+        ("backward_query", torch.float32, 128): dataclasses.replace(CONFIGS[("backward_query", torch.float32, 128)],
+                                                                    num_stages=1)}}
+
+
+@functools.lru_cache(maxsize=None)
+def launch_table(capability: Optional[int] = None,
+                 triton_version: Optional[str] = None) -> Dict[Tuple[str, torch.dtype, int], LaunchConfig]:
+    """The configurations launched on a GPU of ``capability`` (major * 10 + minor) by Triton
+    ``triton_version`` (default: the installed one): sm_8x runs the sm_80 table, sm_90 and
+    newer and the interpreter (None) ``CONFIGS``, each with the changes of
+    ``TRITON_CHANGES`` up to that Triton."""
+    import triton
+
+    triton_release = release(triton_version or triton.__version__)
+    changes = [ARCH_CHANGES[80]] if capability is not None and capability < 90 else []
+    changes += [table for since, table in sorted(TRITON_CHANGES.items()) if triton_release >= since]
+    return CONFIGS if not changes else {key: config for table in (CONFIGS, *changes) for key, config in table.items()}
 
 
 @functools.lru_cache(maxsize=None)

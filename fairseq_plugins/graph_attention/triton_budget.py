@@ -1,7 +1,7 @@
 """Every Triton that a supported torch pins, compiled for sm_80 and sm_90a and held to the budget.
 
 The suite compiles the launched kernels with the installed Triton only
-(``tests/test_triton_compile.py``), but a GPU user runs the Triton their torch pins, and
+(``tests/graph_attention/test_triton_compile.py``), but a GPU user runs the Triton their torch pins, and
 each version's compiler allocates registers differently. This check installs each version
 of ``PINS`` with pip into its own folder (``pip install --no-deps --target``, kept under
 ``$FAIRSEQ_PLUGINS_CACHE/triton/<version>``) and runs ``triton_aot`` under it in a
@@ -36,9 +36,8 @@ PINS = {"3.6.0": "torch 2.10.0, 2.11.0", "3.7.0": "torch 2.12.0", "3.7.1": "torc
         "3.8.0": "torch 2.14.0, 2.14.1 (triton~=3.8.0)"}
 
 
-# checked by default: the pins of the supported torch (pyproject: torch < 2.14); 3.8.0 (torch
-# 2.14) spills in the fp32 head dim 128 binaries (benchmarks/triton_budget.md): --versions 3.8.0
-DEFAULT_VERSIONS = ["3.6.0", "3.7.0", "3.7.1"]
+# checked by default: the pins of the supported torch (pyproject: torch < 2.15)
+DEFAULT_VERSIONS = ["3.6.0", "3.7.0", "3.7.1", "3.8.0"]
 
 
 class Unavailable(RuntimeError):
@@ -132,8 +131,9 @@ def markdown(results: Dict[str, Dict[str, object]]) -> str:
     versions = list(checked)
     capabilities = sorted({r.capability for rs in checked.values() for r in rs})
     lines += ["", "## Registers per binary", "",
-              "a / b: without / with dropout (the merges have no dropout variant); tile: the launch's M x N "
-              "(the merges: M rows), warps, stages, per target.", "",
+              "a / b: without / with dropout (the merges have no dropout variant); launch: the tile's M x N "
+              "(the merges: M rows), warps, stages and register cap, per target; where a later Triton launches a "
+              "binary differently (`triton_backend.TRITON_CHANGES`), its launch from that version on follows.", "",
               "| dtype | kernel | D | " + " | ".join(f"sm_{c} launch" for c in capabilities) + " | "
               + " | ".join(f"{v} sm_{c}" for v in versions for c in capabilities) + " |",
               "|---|---|---|" + "---|" * (len(capabilities) * (1 + len(versions)))]
@@ -142,10 +142,14 @@ def markdown(results: Dict[str, Dict[str, object]]) -> str:
         for r in rs:
             c = r.configuration
             row = rows.setdefault((c.dtype, c.kernel, c.head_dim), {})
-            row[("launch", r.capability)] = f"{c.block_m} x {c.block_n}, {c.num_warps} w, {c.num_stages} s"
+            launch = f"{c.block_m} x {c.block_n}, {c.num_warps} w, {c.num_stages} s" + (
+                f", cap {c.max_registers}" if c.max_registers else "")
+            row.setdefault(("launch", r.capability), {}).setdefault(launch, version)  # the first version with it
             row.setdefault((version, r.capability), []).append(r.registers)
     for (dtype, kernel, dim), row in sorted(rows.items()):
-        cells = [row.get(("launch", c), "-") for c in capabilities]
+        cells = ["; ".join(launch if i == 0 else f"from {version}: {launch}"
+                           for i, (launch, version) in enumerate(row.get(("launch", c), {"-": None}).items()))
+                 for c in capabilities]
         cells += [" / ".join(map(str, row.get((v, c), ["-"]))) for v in versions for c in capabilities]
         lines.append(f"| {dtype} | {kernel} | {dim} | " + " | ".join(cells) + " |")
     lines += ["", "## Tile loops on sm_90a", "",

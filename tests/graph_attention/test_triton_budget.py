@@ -27,6 +27,7 @@ def _cached_copy_of_the_installed_triton(cache: Path) -> str:
     return version
 
 
+@pytest.mark.cli  # triton_budget runs `python -m ...triton_aot` under the cached Triton
 def test_each_version_is_compiled_by_the_triton_in_its_own_folder(tmp_path, capsys):
     version = _cached_copy_of_the_installed_triton(tmp_path / "cache")
     out = tmp_path / "budget"
@@ -72,6 +73,20 @@ def test_the_budget_is_240_registers_and_no_spills():
     assert _report(200, spills=8).problems() == ["spills 8 B stores / 0 B loads"]
     assert triton_budget.problems([_report(240), _report(255)]) == [
         f"{_report(255).configuration} sm_90: 255 registers > 240"]
+
+
+def test_a_launch_that_a_later_triton_changes_is_shown_from_that_version_on():
+    """The registers table names each launch of a binary, and the version it starts with."""
+    import dataclasses
+
+    capped = _report(200)
+    one_stage = dataclasses.replace(capped, configuration=dataclasses.replace(
+        capped.configuration, num_stages=1, max_registers=240))
+    results = {version: {"status": "checked", "reports": [dataclasses.asdict(report)]}
+               for version, report in (("3.7.1", capped), ("3.8.0", one_stage), ("3.9.0", one_stage))}
+    row = next(line for line in triton_budget.markdown(results).splitlines()
+               if line.startswith("| bfloat16 | forward | 64 |"))
+    assert row == "| bfloat16 | forward | 64 | 64 x 32, 4 w, 2 s; from 3.8.0: 64 x 32, 4 w, 1 s, cap 240 | 200 | 200 | 200 |"
 
 
 SASS = """Function:kernel

@@ -78,18 +78,27 @@ def test_an_interpreter_that_cannot_run_the_kernels_is_named_and_refused(monkeyp
 
 
 def test_each_architecture_has_a_launch_table_with_the_same_tiles():
-    """sm_8x GPUs run the sm_80 table, sm_90 and newer and the interpreter the sm_90a one
-    (``CONFIGS``); both launch every kernel, with the tiles of the one plan per dtype and
-    head dim."""
+    """sm_8x GPUs run the sm_80 table, sm_90 and newer and the interpreter the sm_90a one,
+    each with the changes of the installed Triton; every table launches every kernel, with
+    the tiles of the one plan per dtype and head dim."""
     from fairseq_plugins.graph_attention import triton_backend
 
     sm80, sm90 = triton_backend.launch_table(80), triton_backend.launch_table(90)
     assert triton_backend.launch_table(86) == triton_backend.launch_table(89) == sm80
-    assert triton_backend.launch_table(None) is triton_backend.launch_table(100) is triton_backend.CONFIGS is sm90
-    assert set(sm80) == set(sm90)
-    for key, config in sm80.items():
-        assert (config.block_m, config.block_n) == (sm90[key].block_m, sm90[key].block_n), key
-        assert config.max_registers in (None, triton_aot.MAX_REGISTERS)
+    assert triton_backend.launch_table(100) == triton_backend.launch_table(None) == sm90
+    assert triton_backend.launch_table(90, "3.7.1") is triton_backend.CONFIGS
+    for capability in (80, 90):
+        for version in ("3.6.0", "3.7.1", "3.8.0", "3.9.0+git1234"):
+            table = triton_backend.launch_table(capability, version)
+            assert set(table) == set(triton_backend.CONFIGS)
+            for key, config in table.items():
+                assert (config.block_m, config.block_n) == (sm90[key].block_m, sm90[key].block_n), key
+                assert config.max_registers in (None, triton_aot.MAX_REGISTERS)
+        # a release's changes hold from it on, and change only their entries
+        changed = {key for key, config in triton_backend.launch_table(capability, "3.8.0").items()
+                   if config != triton_backend.launch_table(capability, "3.7.1")[key]}
+        assert changed == set(triton_backend.TRITON_CHANGES[(3, 8)])
+        assert triton_backend.launch_table(capability, "3.9.0+git1234") == triton_backend.launch_table(capability, "3.8.0")
     assert sm80 != sm90 and triton_backend.REGISTER_CAP == triton_aot.MAX_REGISTERS
     # the merges (few registers) run uncapped
     assert all(c.max_registers is None for c in triton_aot.launched_configurations(90)
