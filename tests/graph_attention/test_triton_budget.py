@@ -86,7 +86,8 @@ def test_a_launch_that_a_later_triton_changes_is_shown_from_that_version_on():
                for version, report in (("3.7.1", capped), ("3.8.0", one_stage), ("3.9.0", one_stage))}
     row = next(line for line in triton_budget.markdown(results).splitlines()
                if line.startswith("| bfloat16 | forward | 64 |"))
-    assert row == "| bfloat16 | forward | 64 | 64 x 32, 4 w, 2 s; from 3.8.0: 64 x 32, 4 w, 1 s, cap 240 | 200 | 200 | 200 |"
+    assert row == ("| bfloat16 | forward | 64 | 64 x 32, 4 w, 2 s; from 3.8.0: 64 x 32, 4 w, 1 s, cap 240 "
+                   "| 200 | 200 | 200 |")
 
 
 SASS = """Function:kernel
