@@ -11,8 +11,10 @@ whose package is already imported, and the tasks would then silently stay unregi
 import importlib
 import pkgutil
 
+from fairseq_plugins.command_line import print_command_errors_in_one_line
 from fairseq_plugins.fairseq_fixes import require_fixed
 
+print_command_errors_in_one_line()  # the refusal below, and the tasks' own, in one line
 require_fixed()
 
 for _module in pkgutil.iter_modules(__path__):

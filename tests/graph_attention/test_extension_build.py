@@ -291,6 +291,7 @@ def _copy_of_the_repository(destination: Path) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.cli
 def test_two_clones_build_the_kernels_once(tmp_path, counted):
     """The set-up's command in one clone, a BPT attention on the CPU kernel in another, one
     empty cache: the second compiles nothing (the real CPU kernel: a minute or two). With a CUDA

@@ -97,6 +97,7 @@ def test_word_corpora_as_they_are(tmp_path, corpus, files):
     language_modeling.check_format(out)  # words: one </s> per line is their convention, in every format
 
 
+@pytest.mark.cli
 def test_wikitext2_lowercased_as_segtree_reads_it(tmp_path):
     """--lowercase and the wikitext-2-lowercase corpus: the cased files lowercased, one dictionary
     entry per lowercased word, recorded in prep.json; character corpora refuse it."""
