@@ -1,7 +1,7 @@
 """Prepare a translation or language-modelling corpus into a fairseq data-bin.
 
     fairseq-plugins-prepare-data wmt14-en-de-bpt --out data-bin/wmt14_en_de_bpt
-    fairseq-plugins-prepare-data multi30k-en-de --raw-dir ../shared/data/multi30k --out data-bin/multi30k
+    fairseq-plugins-prepare-data multi30k-en-de --raw-dir path/to/multi30k --out data-bin/multi30k
     fairseq-plugins-prepare-data sst5-phrases --out data-bin/sst5-phrases    # classification: word level, no BPE
     fairseq-plugins-prepare-data sst5-phrases-lowercase --out data-bin/sst5-phrases-lowercase   # lowercased
     fairseq-plugins-prepare-data enwik8 --out data-bin/enwik8     (also text8, ptb, wikitext-2)
