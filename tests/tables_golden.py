@@ -6,7 +6,7 @@
 What a row resolves to: the fairseq-train flags at the paper's GPU count, the run it trains in,
 its seeds, and the flags of its evaluation (fairseq-generate for translation, fairseq-eval-lm for
 language models, the in-process scorer's options for classifiers and taggers, the measurement's
-settings for a computed table), with the
+settings for a computed table: the only entry of a measured figure's point), with the
 checkpoint averaging and the sacrebleu tokenizer. Flags are kept as a sorted mapping, so an
 equivalent reordering of a config is not a change; any value that changes is.
 """
@@ -15,7 +15,15 @@ import json
 import sys
 from pathlib import Path
 
-from fairseq_plugins.recipes.config import USER_DIR, all_configs, generate_flags, run_key, seed_configs, train_flags
+from fairseq_plugins.recipes.config import (
+    FIGURES,
+    USER_DIR,
+    all_configs,
+    generate_flags,
+    run_key,
+    seed_configs,
+    train_flags,
+)
 from fairseq_plugins.recipes.evaluate_lm import eval_lm_flags
 
 GOLDEN = Path(__file__).parent / "fixtures" / "tables" / "resolved.json"
@@ -50,8 +58,12 @@ def evaluation(cfg):
 def resolve_all(configs=None):
     rows = {}
     for cfg in all_configs() if configs is None else configs:
+        key = f"{cfg['table']} | {cfg['row']} | {cfg['column']}"
+        if cfg["measure"] in FIGURES:  # a figure's point: no fairseq run, the figure's model by name
+            rows[key] = {"reported": cfg["reported"], "evaluate": evaluation(cfg)}
+            continue
         runs = seed_configs(cfg)
-        rows[f"{cfg['table']} | {cfg['row']} | {cfg['column']}"] = {
+        rows[key] = {
             "data": cfg["data"], "gpus": cfg["gpus"], "reported": cfg["reported"],
             "train": flag_map(train_flags(runs[-1], cfg["gpus"])),
             "runs": [run_key(run) for run in runs],

@@ -36,8 +36,13 @@ from .table_schema import PAPERS, SECTIONS, SETTINGS, BaseFile, Row, TableFile
 
 CONFIG_DIR = resource_dir("configs")
 USER_DIR = user_dir()
-METRICS = ("sacrebleu", "tokenized", "bpc", "ppl", "accuracy", "f1", "gflops")  # what ``reported`` may hold
-MEASURES = (None, "flops")  # a table's rows trained and evaluated (None), or measured in-process
+# what ``reported`` may hold; the last four are the measured figures' (peak MiB of a step, test MSE, ms per batch)
+# and Multi-Scale Figure 3's (percentage of attention edges)
+METRICS = ("sacrebleu", "tokenized", "bpc", "ppl", "accuracy", "f1", "gflops", "peak_mib", "mse", "ms", "percent")
+# a table's rows trained and evaluated (None), or measured in-process: a fairseq model's FLOPs
+# (measure_flops), or the points of a paper's measured figure (recipes/figures/)
+MEASURES = (None, "flops", "peak-memory", "mirrored-summation", "test-time")
+FIGURES = MEASURES[2:]  # their rows name the figure's model in ``evaluate``: no corpus, arch or GPU count
 SACREBLEU_TOKENIZERS = ("13a", "intl", "zh", "char", "none")
 # flags the scripts set themselves; a config must not carry them
 _RESERVED = {"user-dir", "arch", "save-dir", "path", "distributed-world-size", "gen-subset", "remove-bpe",
@@ -171,7 +176,7 @@ def _sweep(row: Dict[str, Any], where: str) -> List[Tuple[Dict[str, Any], Dict[s
 
 
 def _check_row(cfg: Dict[str, Any], where: str) -> None:
-    for key in _REQUIRED:
+    for key in () if cfg["measure"] in FIGURES else _REQUIRED:
         if cfg.get(key) is None:
             raise ConfigError(f"{where}: missing '{key}' (set it in the row, the defaults or a base file)")
     for metric in cfg["reported"]:
@@ -185,7 +190,7 @@ def _check_row(cfg: Dict[str, Any], where: str) -> None:
         raise ConfigError(f"{where}: sacrebleu_tokenize must be one of {SACREBLEU_TOKENIZERS}")
     if (cfg.get("seeds") or 1) < 1 or "seed" in cfg["train"] and cfg.get("seeds"):
         raise ConfigError(f"{where}: seeds must be >= 1, and a row with seeds sets no train seed")
-    if cfg["gpus"] < 1 or cfg["average_last"] < 0:
+    if cfg.get("gpus", 1) < 1 or cfg.get("average_last", 0) < 0:
         raise ConfigError(f"{where}: gpus must be >= 1 and average_last >= 0")
     for key, value in flatten(cfg).items():
         source = cfg["sources"].get(key)

@@ -20,6 +20,11 @@ checkpoint_last.pt.
 
 A table with ``measure: flops`` (TranSFormer's Table 8) trains nothing: each row's model is built
 from its config and measured in-process (``measure_flops``), its JSON written beside the others.
+So are the papers' measured figures (``measure: peak-memory | mirrored-summation | test-time``,
+``figures/``: SegTree Figure 2, Multi-Scale Figures 2 and 4), on CUDA where there is one (``--gpus
+0``: the CPU). After ``--``, a measured table takes ``--KEY VALUE`` pairs that replace its rows'
+``evaluate`` settings (``segtree-figure2 -- --length 64``). A table whose rows cannot be built
+here (Multi-Scale Figure 3) prints them, each with why.
 """
 
 import argparse
@@ -28,6 +33,8 @@ import shlex
 import sys
 from pathlib import Path
 from typing import Dict, List
+
+import yaml
 
 from ..command_line import command_parser
 from . import evaluate, evaluate_classification, prepare_data, results_table, train
@@ -80,9 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
 def list_tables() -> str:
     lines = []
     for table_id, table in sorted(load_tables().items()):
-        runs = {run_key(r) for c in table["configs"] for r in seed_configs(c)}
-        what = f"{len(runs):3} training runs" if table["measure"] is None else f"{table['measure']:>3} measured   "
-        lines.append(f"{table_id:20} {len(table['configs']):3} rows {what}  "
+        if not table["configs"]:
+            what = "not built"
+        elif table["measure"] is None:
+            what = f"{len({run_key(r) for c in table['configs'] for r in seed_configs(c)}):3} training runs"
+        else:
+            what = f"measured: {table['measure']}"
+        lines.append(f"{table_id:20} {len(table['configs']):3} rows {what:28}  "
                      f"{table['file'].parent.name}/{table['file'].name}  {table['title']}")
     return "\n".join(lines)
 
@@ -170,6 +181,10 @@ def _main(p: argparse.ArgumentParser, args, extra: List[str]) -> str:
     if args.list:
         print(list_rows(table))
         return ""
+    if not table["configs"]:  # every row says why it is not built
+        text = results_table.render(str(table["file"]), args.results_dir)
+        print(f"{table['table']}: no row can be built here; each says why\n\n{text}", flush=True)
+        return text
     stages = args.stages.split(",")
     unknown = set(stages) - set(STAGES)
     if unknown:
@@ -185,7 +200,7 @@ def _main(p: argparse.ArgumentParser, args, extra: List[str]) -> str:
         raise ConfigError(f"{table['table']} has no rows to run")
     dry_run = args.dry_run or args.explain
     if table["measure"] is not None:
-        return _measure(table, configs, args, dry_run)
+        return _measure(table, [_overridden(c, extra) for c in configs], args, dry_run)
     paper_gpus = max(c["gpus"] for c in configs)
     gpus = paper_gpus if args.gpus is None else args.gpus
     if not dry_run and gpus > 0 and "train" in stages and train.local_devices() < gpus:
@@ -243,9 +258,21 @@ def _main(p: argparse.ArgumentParser, args, extra: List[str]) -> str:
     return results_table.main([table["table"], "--results-dir", str(args.results_dir)])
 
 
+def _overridden(cfg: Dict, extra: List[str]) -> Dict:
+    """The row with the ``--KEY VALUE`` pairs given after ``--`` replacing its ``evaluate`` settings
+    (values read as YAML: ``8`` an int, ``1e-3`` a string, ``0.001`` a float)."""
+    if len(extra) % 2 or not all(flag.startswith("--") for flag in extra[::2]):
+        raise ConfigError(f"after --, a measured table takes --KEY VALUE pairs of its rows' evaluate settings, "
+                          f"got {shlex.join(extra)!r}")
+    given = {flag[2:]: yaml.safe_load(value) for flag, value in zip(extra[::2], extra[1::2])}
+    return dict(cfg, evaluate={**cfg["evaluate"], **given},
+                sources={**cfg["sources"], **{f"evaluate.{k}": "ours: given after -- on the command line"
+                                              for k in given}})
+
+
 def _measure(table: Dict, configs: List[Dict], args, dry_run: bool) -> str:
     """A computed table: each row measured in-process, then tabulated like the others."""
-    from . import measure_flops  # torch and the models: only when a table is measured
+    from . import figures, measure_flops  # torch and the models: only when a table is measured
 
     print(f"{table['table']}: {len(configs)} rows measured in-process ({table['measure']}), nothing trained",
           flush=True)
@@ -253,7 +280,10 @@ def _measure(table: Dict, configs: List[Dict], args, dry_run: bool) -> str:
         if args.explain:
             print(f"  values of {cfg['table']}:{cfg['id']} ({cfg['row']} | {cfg['column']}):")
             print("\n".join(explain(cfg)))
-    measure_flops.measure(configs, args.results_dir, dry_run)
+    if table["measure"] == "flops":
+        measure_flops.measure(configs, args.results_dir, dry_run)
+    else:
+        figures.measure(table["measure"], configs, args.results_dir, dry_run, cpu=args.gpus == 0)
     if dry_run or "table" not in args.stages.split(","):
         return ""
     return results_table.main([str(table["file"]), "--results-dir", str(args.results_dir)])

@@ -19,7 +19,8 @@ from ..command_line import command_parser
 from .config import ConfigError, load_table, table_ids
 
 METRIC_NAMES = {"sacrebleu": "SacreBLEU", "tokenized": "tok. BLEU", "bpc": "bpc", "ppl": "ppl", "accuracy": "Acc.",
-                "f1": "F1", "gflops": "GFLOPs"}
+                "f1": "F1", "gflops": "GFLOPs", "peak_mib": "peak MiB", "mse": "test MSE", "ms": "ms per batch",
+                "percent": "%"}
 CONTEXT_MARKS = {
     "oracle-reference": "**oracle context** (reference translations of the preceding sentences)",
     "same-pass": "context translated in the same beam search (same-pass)",
@@ -70,7 +71,7 @@ def render(table_id: str, results_dir: Path) -> str:
                 continue
             where = f"{col}: " if len(spec["columns"]) > 1 else ""
             signatures = [f"{METRIC_NAMES[m]} `{res[f'{m}_signature']}`" for m in metrics if f"{m}_signature" in res]
-            if "measured_on" in res:  # a computed row (measure_flops) says how it was measured
+            if "measured_on" in res:  # a computed row (measure_flops, figures) says how it was measured
                 notes.append(where + ", ".join([res["measured_on"], *signatures]))
             else:
                 notes.append(where + f"{res.get('test_set', 'test set not recorded')}, " + ", ".join(signatures))

@@ -7,12 +7,13 @@ A table file::
     table: bpt-table4                # the table's id (fairseq-plugins-reproduce TABLE)
     title: 'BPT Table 4: ...'
     paper: bpt                       # bpt | segtree | multiscale | slowfast | project
-    metric: bpc                      # the column's metric (sacrebleu | tokenized | bpc | ppl | accuracy | f1)
+    metric: bpc                      # the column's metric (config.METRICS: sacrebleu, tokenized, bpc, ppl, ...)
     columns: [Enwik8, Text8]
     base: [bpt/base/lm.yaml]         # shared settings files under configs/, merged first, in order
     defaults: {data: ..., arch: ..., gpus: 4, task: {...}, model: {...}, train: {...}}
     sources: {train.lr: 'paper: ...'}   # where each value comes from, by dotted key
-    measure: flops                   # optional: rows measured in-process, not trained (recipes/measure_flops.py)
+    measure: flops                   # optional: rows measured in-process, not trained: flops (measure_flops.py),
+                                     # or a figure's points (peak-memory, mirrored-summation, test-time: figures/)
     rows:
       - id: enwik8-l512              # the row's key: bpt-table4:enwik8-l512
         row: l = 512                 # the label the paper prints
@@ -86,7 +87,7 @@ class TableFile(BaseFile):
     title: str = MISSING
     paper: str = MISSING
     metric: str = MISSING
-    measure: Optional[str] = None  # flops: rows are measured in-process from their model, not trained
+    measure: Optional[str] = None  # set: rows are measured in-process (config.MEASURES), not trained
     extra_metrics: List[str] = field(default_factory=list)
     columns: List[str] = field(default_factory=lambda: ["BLEU"])
     rows: List[Row] = field(default_factory=list)

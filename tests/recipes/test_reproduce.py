@@ -15,7 +15,8 @@ from fairseq_plugins.recipes import reproduce_table
 from fairseq_plugins.recipes.config import load_tables, run_key, seed_configs
 
 TABLES = load_tables()
-TRAINED = sorted(t for t, spec in TABLES.items() if spec["measure"] is None)  # the others: test_slowfast_flops
+# the others: test_slowfast_flops, test_figure_tables (the measured figures, and Multi-Scale Figure 3, not built)
+TRAINED = sorted(t for t, spec in TABLES.items() if spec["measure"] is None and spec["configs"])
 
 
 def _dry_run(capsys, table, *options):

@@ -1,5 +1,6 @@
 """The figure scripts at tiny size: SegTree Figure 2 (peak memory), Multi-Scale Figure 2
-(mirrored summation) and Figure 4 (test time per batch)."""
+(mirrored summation) and Figure 4 (test time per batch); their cores are the package's
+(``fairseq_plugins.recipes.figures``), whose tables tests/recipes/test_figure_tables.py runs."""
 
 import json
 
@@ -9,8 +10,10 @@ import torch
 pytest.importorskip("fairseq")
 pytest.importorskip("matplotlib")
 
-from scripts import benchmark_multiscale_speed, benchmark_segtree_memory, mirrored_summation  # noqa: E402
+from scripts import benchmark_multiscale_speed, benchmark_segtree_memory  # noqa: E402
+from scripts import mirrored_summation as mirrored_summation_script  # noqa: E402
 from fairseq_plugins.modules.multiscale.multiscale_attention import parse_scales  # noqa: E402
+from fairseq_plugins.recipes.figures import mirrored_summation, multiscale_speed, segtree_memory  # noqa: E402
 
 TINY = {"layers": 1, "vocab": 40, "dim": 16, "ffn": 32, "batch": 2, "heads": 2}
 
@@ -26,12 +29,12 @@ def test_cpu_peak_is_the_most_live_memory_of_a_hand_counted_step():
     def step():
         (x @ w).relu().sum().backward()
 
-    peak = benchmark_segtree_memory.peak_allocated_bytes(step, torch.device("cpu"))
+    peak = segtree_memory.peak_allocated_bytes(step, torch.device("cpu"))
     assert peak == 4 * (1 + 1 + 100 * 300 + 200 * 300 + 100 * 200)
 
 
 def test_segtree_memory_rows_and_outputs(tmp_path, monkeypatch):
-    monkeypatch.setitem(benchmark_segtree_memory.SETTINGS, 1, TINY)
+    monkeypatch.setitem(segtree_memory.SETTINGS, 1, TINY)
     rows = benchmark_segtree_memory.main(["--settings", "1", "--lengths", "8", "32", "--device", "cpu",
                                           "--out", str(tmp_path / "mem")])
     assert [(r["length"], r["model"]) for r in rows] == [
@@ -75,7 +78,7 @@ def test_mirrored_summation_models_are_the_papers_variants():
 
 
 def test_mirrored_summation_tiny_run(tmp_path):
-    rows = mirrored_summation.main(["--ks", "2", "--length", "8", "--dim", "10", "--steps", "2", "--batch", "4",
+    rows = mirrored_summation_script.main(["--ks", "2", "--length", "8", "--dim", "10", "--steps", "2", "--batch", "4",
                                     "--test-samples", "16", "--out", str(tmp_path / "ms")])
     assert [r["model"] for r in rows] == list(mirrored_summation.MODELS)
     assert all(r["k"] == 2 and r["test_mse"] > 0 for r in rows)
@@ -85,8 +88,8 @@ def test_mirrored_summation_tiny_run(tmp_path):
 
 def test_mirrored_summation_bad_k_is_one_line(capsys):
     with pytest.raises(SystemExit):
-        mirrored_summation.main(["--ks", "101"])
-    assert "--ks must lie in 1..--length (100), got [101]" in capsys.readouterr().err
+        mirrored_summation_script.main(["--ks", "101"])
+    assert "K must lie in 1..N (100), got [101]" in capsys.readouterr().err
 
 
 def test_multiscale_speed_tiny_run(tmp_path):
@@ -101,7 +104,7 @@ def test_multiscale_speed_tiny_run(tmp_path):
 
 
 def test_multiscale_speed_models_are_table3s():
-    models = benchmark_multiscale_speed.build_models(torch.device("cpu"))
+    models = multiscale_speed.build_models(torch.device("cpu"))
     ms = models["MS-Trans"].__defaults__[0]
     assert [len(layer.self_attn.scales) for layer in ms.encoder.layers] == [10, 10, 10]
     assert ms.encoder.layers[0].drop_ffn  # the paper's layer without FFN
