@@ -103,6 +103,9 @@ def list_rows(table: Dict) -> str:
     for cfg in table["configs"]:
         paper = ", ".join(f"{m} {v}" for m, v in cfg["reported"].items()) or "no number"
         lines.append(f"  {table['table']}:{cfg['id']:28} {cfg['row']} | {cfg['column']} (paper: {paper})")
+    for row in table["rows"]:
+        if isinstance(row, dict):  # reported by the paper, not rerun
+            lines.append(f"  {'(not run)':{len(table['table']) + 29}} {row['row']}: {row['why']}")
     return "\n".join(lines)
 
 

@@ -85,6 +85,8 @@ def test_ms_figure3_rows_say_why_they_are_not_built(tmp_path, capsys):
     reproduce_table.main(["--list"])
     assert any(line.startswith("ms-figure3") and "0 rows not built" in line
                for line in capsys.readouterr().out.splitlines())
+    reproduce_table.main(["ms-figure3", "--list"])
+    assert capsys.readouterr().out.count(": not built: needs a pretrained BERT-base checkpoint") == 6
 
 
 def _table(tmp_path, **changes):
@@ -107,7 +109,7 @@ def test_bad_measure_kinds_settings_and_overrides_are_refused_in_one_line(tmp_pa
     for extra, message in ((["--model", "LSTM"], "tiny-figure/tiny: evaluate.model must be one of ['MS-Trans', "
                                                  "'Transformer', 'BiLSTM'], got 'LSTM'"),
                            (["--length", "0"], "evaluate.length, batch and repeats must be at least 1"),
-                           (["--length", "x"], "evaluate.length must be a int, got 'x'"),
+                           (["--length", "x"], "evaluate.length must be an integer, got 'x'"),
                            (["--heads", "2"], "unknown ['heads']"),
                            (["--length"], "after --, a measured table takes --KEY VALUE pairs")):
         with pytest.raises(SystemExit) as err:

@@ -20,6 +20,7 @@ MODULES = {  # measure kind -> the module that measures its rows
     "mirrored-summation": "mirrored_summation",  # Multi-Scale Figure 2
     "test-time": "multiscale_speed",  # Multi-Scale Figure 4
 }
+_KINDS = {int: "an integer", float: "a number", str: "a string"}
 
 
 def row_settings(cfg: Dict, keys: Dict[str, type], choices: Dict[str, tuple] = None) -> Dict:
@@ -34,7 +35,7 @@ def row_settings(cfg: Dict, keys: Dict[str, type], choices: Dict[str, tuple] = N
     for key, kind in keys.items():
         value = given[key]
         if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else kind):
-            raise ConfigError(f"{cfg['name']}: evaluate.{key} must be a {kind.__name__}, got {value!r}")
+            raise ConfigError(f"{cfg['name']}: evaluate.{key} must be {_KINDS[kind]}, got {value!r}")
         if key in (choices or {}) and value not in choices[key]:
             raise ConfigError(f"{cfg['name']}: evaluate.{key} must be one of {list(choices[key])}, got {value!r}")
     return {k.replace("-", "_"): given[k] for k in keys}
