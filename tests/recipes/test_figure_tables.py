@@ -73,7 +73,8 @@ def test_ms_figure4_tiny_run_times_one_lengths_rows_together(tmp_path, capsys):
     assert "timed alternating with MS-Trans, BiLSTM; 1.00 x the Transformer's" in text
     assert f"| BiLSTM | - | - | - | {results['bilstm-n21']['ms']:.2f} | - | - |" in text
     before = {r: (tmp_path / "ms-figure4" / f"{r}.json").read_text() for r in results}
-    _run(capsys, "ms-figure4", tmp_path, "--rows", rows)  # measured rows are kept, not measured again
+    # rows measured with these settings are kept, not measured again
+    _run(capsys, "ms-figure4", tmp_path, "--rows", rows, "--", "--batch", "2", "--repeats", "1")
     assert before == {r: (tmp_path / "ms-figure4" / f"{r}.json").read_text() for r in results}
 
 
@@ -115,3 +116,19 @@ def test_bad_measure_kinds_settings_and_overrides_are_refused_in_one_line(tmp_pa
         with pytest.raises(SystemExit) as err:
             reproduce_table.main([_table(tmp_path), "--dry-run", "--", *extra])
         assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_point_measured_with_other_settings_is_measured_again(tmp_path, capsys):
+    """A tiny run's JSON never passes for the row's point: a rerun with the same settings skips
+    it, one with other settings (here more steps) measures it again."""
+    tiny = ["--rows", "transformer-k10", "--", "--length", "16", "--k", "2", "--dim", "10", "--batch", "4",
+            "--test-samples", "16", "--steps"]
+    result = tmp_path / "ms-figure2" / "transformer-k10.json"
+    _run(capsys, "ms-figure2", tmp_path, *tiny, "2")
+    first = result.read_text()
+    assert json.loads(first)["settings"]["steps"] == 2
+    _, out = _run(capsys, "ms-figure2", tmp_path, *tiny, "2")
+    assert result.read_text() == first and "measuring again" not in out
+    _, out = _run(capsys, "ms-figure2", tmp_path, *tiny, "3")
+    assert "transformer-k10.json was measured with other settings" in out
+    assert json.loads(result.read_text())["settings"]["steps"] == 3

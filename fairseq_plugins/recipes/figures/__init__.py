@@ -57,10 +57,24 @@ def measure(kind: str, configs: List[Dict], results_dir: Path, dry_run: bool, cp
         settings = module.settings(cfg)
         out = results_dir / f"{cfg['name']}.json"
         print(f"  measured in-process on {device.type.upper()}: {module.plan(settings)}    # -> {out}", flush=True)
-        if not dry_run and not out.exists():
+        if not dry_run and _stale(out, settings, device):
             todo.append((cfg, settings))
+    settings_of = {cfg["name"]: settings for cfg, settings in todo}
     for cfg, result in module.measure(todo, device):
         out = results_dir / f"{cfg['name']}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
+        result = dict(result, settings=settings_of[cfg["name"]])
         out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
         print(f"  {cfg['name']}: {result['measured_on']}", flush=True)
+
+
+def _stale(out: Path, settings: Dict, device) -> bool:
+    """Whether ``out`` must be measured: missing, or measured with other settings (a tiny run's
+    ``--`` overrides) or on another device, which would otherwise pass for this run's point."""
+    if not out.exists():
+        return True
+    earlier = json.loads(out.read_text(encoding="utf-8"))
+    if earlier.get("settings") != settings or earlier.get("device") != str(device):
+        print(f"    {out.name} was measured with other settings or on another device: measuring again", flush=True)
+        return True
+    return False
