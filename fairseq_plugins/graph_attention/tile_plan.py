@@ -17,8 +17,8 @@ enough tiles in three steps:
   consecutive slots (so that the products of both sides have ``BLOCK_M`` rows: 64 for
   fp16/bf16, the height of an sm_90 warpgroup MMA).
 
-Work items are (block, tile range, part): blocks with more than ``TILES_PER_ITEM`` tiles
-are split into parts (the root reads every token), merged after the kernel by log-sum-exp
+Work items are (block, tile range, part), longest first: blocks with more than
+``TILES_PER_ITEM`` tiles are split into parts (the root reads every token), merged after the kernel by log-sum-exp
 (forward) or by sums (gradients) in the plan's part order, so results do not depend on
 scheduling (the merge kernels of ``triton_kernels``).
 Exact for every graph: tiles come from the edges, the tree only makes them few.
@@ -187,6 +187,9 @@ def _work_items(owner: torch.Tensor, block_nodes: torch.Tensor, tiles_per_item: 
     split_block_of[split_blocks] = torch.arange(split_blocks.numel())
     part_index[split_block_of[block[split]], part_in_block[split]] = part_id[split].to(torch.int32)
     items = torch.stack([block, begin, end, part_id], 1).to(torch.int32)
+    # longest first: the GPU starts programs in grid order, so the long ones (the top spans)
+    # do not run alone at the end of the kernel
+    items = items[torch.sort(end - begin, descending=True, stable=True).indices]
     return WorkItems(items, num_parts, part_index, block_nodes[split_blocks].to(torch.int32))
 
 

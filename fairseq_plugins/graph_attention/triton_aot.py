@@ -2,9 +2,10 @@
 
 The interpreter proves the arithmetic but never compiles a kernel: one that spills registers,
 overflows shared memory or misses the tensor cores passes it. Triton compiles for an explicit
-target on any machine, so every binary the backend launches (each ``CONFIGS`` entry: the tile kernels
-with and without dropout, the merges of split blocks) is compiled here for sm_80 and sm_90a
-and checked against what a GPU would reject or run slowly:
+target on any machine, so the binaries the backend launches (each launch-table entry in its
+``variants``: the tile kernels with and without dropout, each without and with relative keys and
+padding, and the merges of split blocks) are compiled here for sm_80 and sm_90a and checked
+against what a GPU would reject or run slowly:
 
 * zero spill stores and loads in the ptxas report of the shipped binary (register counts
   alone mislead: a badly spilling kernel can report few registers), and at most
@@ -68,6 +69,9 @@ class Configuration:
     num_stages: int
     dropout: bool  # the DROPOUT constexpr: each configuration is launched with and without
     max_registers: Optional[int] = None  # ptxas's cap a thread (maxnreg); None: its own
+    # the HAS_REL and HAS_PAD constexprs (``triton_backend.Variant``): compiled without either
+    # and with both (the binaries with one of them lie between those two)
+    rel_and_padding: bool = True
 
 
 @dataclass(frozen=True)
@@ -168,8 +172,8 @@ def tile_loop(sass: str) -> Optional[Dict[str, int]]:
     """The instruction mix of the kernel's tile loop in its SASS (Triton's ``asm["sass"]``: a
     line per instruction, control bits and instruction separated by a tab, labels on their
     own lines): among the loops (a label and a later branch back to it), the one with the
-    most tensor-core instructions, the innermost of those (a kernel without products: its
-    longest loop). The counts are the loop body's static instructions (a branch inside it
+    most tensor-core instructions, the innermost of those, the longest of several such (a
+    kernel without products: its longest loop). The counts are the loop body's static instructions (a branch inside it
     would skip some; the tile kernels' bodies are predicated straight-line code), by
     ``instruction_class``, with their ``total``, ``stall_cycles`` (the fixed stall cycles
     the control bits give after each instruction: the least time one warp needs per
@@ -192,12 +196,16 @@ def tile_loop(sass: str) -> Optional[Dict[str, int]]:
     if not loops:
         return None
 
-    def preference(loop):  # most products, then innermost; without products, longest
-        start, end = loop
-        products = sum(instruction_class(op) == "tensor core" for _, op in rows[start:end])
-        return products, start - end if products else end - start
+    def products(loop):
+        return sum(instruction_class(op) == "tensor core" for _, op in rows[loop[0]:loop[1]])
 
-    start, end = max(loops, key=preference)
+    most = max(map(products, loops))
+    candidates = [loop for loop in loops if products(loop) == most]
+    if most:  # innermost: no other candidate inside it (a short loop of as many products
+        # after the tile loop, such as the dQ kernel's relative-key term, is not nested in it)
+        candidates = [(s0, e0) for s0, e0 in candidates
+                      if not any(s0 <= s1 and e1 <= e0 and (s1, e1) != (s0, e0) for s1, e1 in candidates)]
+    start, end = max(candidates, key=lambda loop: loop[1] - loop[0])
     counts = Counter(instruction_class(op) for _, op in rows[start:end])
     stalls = sum(int(control.rsplit(":", 1)[1], 16) for control, _ in rows[start:end])
     return {**{name: counts[name] for name in (*INSTRUCTION_CLASSES, "uniform", "sync and control")},
@@ -205,16 +213,27 @@ def tile_loop(sass: str) -> Optional[Dict[str, int]]:
             "tensor_flops": sum(tensor_flops(op) for _, op in rows[start:end])}
 
 
+def variants(kernel: str):
+    """(dropout, rel_and_padding) of the binaries compiled for ``kernel``: a tile kernel's
+    four (dropout off and on; without relative keys and padding, the lightest, and with both,
+    the heaviest); the dQ merge's two (relative keys are its only feature); the other
+    merges' one."""
+    if kernel == "merge_grad_q":
+        return [(False, False), (False, True)]
+    if kernel in NO_PRODUCTS:
+        return [(False, False)]
+    return [(dropout, extras) for dropout in (False, True) for extras in (False, True)]
+
+
 def launched_configurations(capability: int = 90) -> List[Configuration]:
-    """Every configuration the backend launches on a GPU of ``capability``: its launch table
-    (``triton_backend.launch_table``), entry by entry, the tile kernels with and without
-    dropout."""
+    """The configurations the backend launches on a GPU of ``capability``: its launch table
+    (``triton_backend.launch_table``), entry by entry, in each of the kernel's ``variants``."""
     from fairseq_plugins.graph_attention.triton_backend import launch_table
 
     return [Configuration(kernel, str(dtype).replace("torch.", ""), dim, c.block_m, c.block_n,
-                          c.num_warps, c.num_stages, dropout, c.max_registers)
+                          c.num_warps, c.num_stages, dropout, c.max_registers, extras)
             for (kernel, dtype, dim), c in launch_table(capability).items()
-            for dropout in ((False,) if kernel in NO_PRODUCTS else (False, True))]
+            for dropout, extras in variants(kernel)]
 
 
 def compile_constants(configuration: Configuration) -> dict:
@@ -227,7 +246,8 @@ def compile_constants(configuration: Configuration) -> dict:
     c = configuration
     return triton_backend.kernel_constants(
         c.kernel, getattr(torch, c.dtype), c.head_dim,
-        triton_backend.LaunchConfig(c.block_m, c.block_n, c.num_warps, c.num_stages), c.dropout)
+        triton_backend.LaunchConfig(c.block_m, c.block_n, c.num_warps, c.num_stages),
+        triton_backend.Variant(c.dropout, c.rel_and_padding, c.rel_and_padding))
 
 
 def signature(kernel, dtype: str, constants: dict) -> dict:
@@ -336,9 +356,9 @@ def main(argv=None):
     jobs = [(c, cc) for cc in args.capabilities for c in launched_configurations(cc)
             if args.kernels is None or c.kernel in args.kernels]
     reports = compile_all(jobs, args.workers)
-    print("| target | kernel | dtype | D | tile | warps | stages | dropout | registers | spills "
-          "| shared KiB | blocks/SM | tensor cores |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| target | kernel | dtype | D | tile | warps | stages | dropout | rel. keys + padding | registers "
+          "| spills | shared KiB | blocks/SM | tensor cores |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in reports:
         c = r.configuration
         instruction = tensor_core_instruction(c, r.capability)
@@ -347,7 +367,7 @@ def main(argv=None):
         tile = f"{c.block_m} rows" if instruction is None else f"{c.block_m} x {c.block_n}"
         print(f"| {TARGETS[r.capability][0]} | {c.kernel} | {c.dtype} | {c.head_dim} "
               f"| {tile} | {c.num_warps} | {c.num_stages} "
-              f"| {'on' if c.dropout else 'off'} | {r.registers} "
+              f"| {'on' if c.dropout else 'off'} | {'on' if c.rel_and_padding else 'off'} | {r.registers} "
               f"| {r.spill_stores + r.spill_loads} | {r.shared / 1024:.1f} | {r.blocks_per_sm} "
               f"| {product} |")
     if args.json:

@@ -12,7 +12,8 @@ Forward and backward are ``torch.library`` ops over the plan's tensors (``forwar
 ``backward_op``) with fake implementations, so ``torch.compile`` traces them; the dropout
 seed is a tensor on the query's device (``registry.dropout_seed``), never read on the host.
 
-The relative-key term is a gathered fp32 table scale * q . rel_key[t] ([BH, N, T], one GEMM);
+The kernels score in base 2 (``exp2``): the relative-key term is a gathered fp32 table
+scale * log2(e) * q . rel_key[t] ([BH, N, T], one GEMM);
 its gradient, summed per (row, type) in the dQ kernel, becomes d rel_key through one GEMM
 and dQ's relative-key term in the dQ kernel (fp16/bf16; ``adds_rel_term``). dK and dV, and
 dQ without relative keys, use no atomics and are bitwise reproducible; the per-(row, type)
@@ -30,6 +31,7 @@ run under ``TRITON_INTERPRET=1`` (the tests).
 import contextlib
 import dataclasses
 import functools
+import math
 import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
@@ -44,6 +46,7 @@ from fairseq_plugins.graph_attention.tile_plan import TilePlan, WorkItems, plan_
 from fairseq_plugins.graphs.attention_graph import AttentionGraph
 
 HEAD_DIMS = (32, 64, 128)
+LOG2E = math.log2(math.e)  # the kernels' scores are in base 2: the relative-key table too
 GPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_BATCH_HEADS = 65535  # grid.y
 MAX_DROPOUT_NODES = 2**16 - 1  # the dropout hash's counter is query * N + key in 32 bits
@@ -100,9 +103,10 @@ _FP32 = {  # 4-byte operands, split again by tf32x3: smaller tiles (larger ones 
 REGISTER_CAP = 240
 _HALF_CAPPED = {("backward_query", 32), ("backward_query", 64), ("backward_query", 128), ("backward_key", 64),
                 ("backward_key", 128)}
-_FP32_CAPPED = {("backward_query", 128), ("backward_key", 64), ("backward_key", 128)}
+_FP32_CAPPED = {("backward_query", 64), ("backward_query", 128), ("backward_key", 64), ("backward_key", 128)}
 # and on sm_80 also these
-_SM80_CAPPED = {(torch.float16, "forward", 64), (torch.bfloat16, "forward", 64), (torch.float16, "backward_key", 32),
+_SM80_CAPPED = {(torch.float16, "forward", 64), (torch.bfloat16, "forward", 64), (torch.float16, "forward", 128),
+                (torch.bfloat16, "forward", 128), (torch.float16, "backward_key", 32),
                 (torch.bfloat16, "backward_key", 32), (torch.float32, "backward_query", 32),
                 (torch.float32, "backward_key", 32)}
 # the merges of split blocks: the plan's block (their BLOCK_M), no pipelining (a handful of
@@ -135,7 +139,12 @@ ARCH_CHANGES: Dict[int, Dict[Tuple[str, torch.dtype, int], LaunchConfig]] = {
             for dtype, kernel, dim in _SM80_CAPPED},
          # capped on one stage it spills under Triton 3.6.0 (32-36 B); on two, or on 8 warps
          # (one block per SM), not
-         ("backward_key", torch.float32, 128): LaunchConfig(16, 16, 4, 2, REGISTER_CAP)}}
+         ("backward_key", torch.float32, 128): LaunchConfig(16, 16, 4, 2, REGISTER_CAP),
+         # capped on two stages, dQ with relative keys, padding and dropout spills 12 B under
+         # Triton 3.7.1, dK/dV without them 32 B under 3.6.0; on one stage both keep 2
+         # blocks per SM (8 warps: one, and dK/dV over 240 registers with them)
+         **{(kernel, dtype, 64): LaunchConfig(64, 32, 4, 1, REGISTER_CAP)
+            for kernel in ("backward_query", "backward_key") for dtype in (torch.float16, torch.bfloat16)}}}
 
 
 # Triton (major, minor) -> the launches that differ, on every target, under that release and
@@ -240,21 +249,34 @@ def adds_rel_term(dtype: torch.dtype) -> bool:
     return dtype != torch.float32
 
 
+@dataclass(frozen=True)
+class Variant:
+    """Which binary of a kernel a call launches: the features that are constexprs, so that a
+    call without them runs none of their instructions."""
+
+    dropout: bool = False
+    rel: bool = False  # relative keys
+    padding: bool = False  # a key padding mask is read
+
+
 def kernel_constants(kernel: str, dtype: torch.dtype, head_dim: int, config: LaunchConfig,
-                     dropout: bool, upcast=False) -> dict:
+                     variant: Variant, upcast: bool = False) -> dict:
     """The constexpr arguments of a launch (shared with the ahead-of-time compile); the key
     kernel's tiles are the transposed ones (block_m keys x block_n query slots). The merges
-    take the plan's block (their parts' rows) and no products, dropout or upcast."""
+    take the plan's block (their parts' rows) and no products or dropout; of the variant only
+    the dQ merge reads one feature (relative keys). ``upcast``: the interpreter's bf16, whose
+    operands are fp32 and whose roundings are emulated."""
     if kernel in MERGE_KERNELS:
-        constants = dict(D=head_dim, BLOCK_M=config.block_m)
+        constants = dict(D=head_dim, BLOCK_M=config.block_m, UPCAST=upcast)
         if kernel == "merge_grad_q":
-            constants["REL_TERM"] = adds_rel_term(dtype)
+            constants.update(REL_TERM=adds_rel_term(dtype), HAS_REL=variant.rel)
         return constants
     rows, cols = config.block_m, config.block_n
     if kernel == "backward_key":
         rows, cols = cols, rows
     constants = dict(D=head_dim, BLOCK_M=rows, BLOCK_N=cols, PRECISION=DOT_PRECISION[dtype],
-                     DROPOUT=dropout, UPCAST=upcast)
+                     DROPOUT=variant.dropout, HAS_REL=variant.rel, HAS_PAD=variant.padding,
+                     UPCAST=upcast)
     if kernel == "backward_query":
         constants["REL_TERM"] = adds_rel_term(dtype)
     return constants
@@ -266,13 +288,13 @@ def device_guard(tensor: torch.Tensor):
     return torch.cuda.device(tensor.device) if tensor.is_cuda else contextlib.nullcontext()
 
 
-def _launch(name, grid, dtype, head_dim, dropout, *args):
-    """Launch kernel ``name`` in its configuration for (dtype, head dim); ``args[0]`` is a
-    tensor on the launch's device."""
+def _launch(name, grid, dtype, head_dim, variant: Variant, *args):
+    """Launch kernel ``name`` in its configuration for (dtype, head dim) and ``variant``;
+    ``args[0]`` is a tensor on the launch's device."""
     config = launch_table(_capability(args[0].device))[(name, dtype, head_dim)]
     # the interpreter's bf16 tl.dot is wrong (Triton issue 11584): compute those in fp32
     upcast = interpreted() and dtype == torch.bfloat16
-    constants = kernel_constants(name, dtype, head_dim, config, dropout, upcast)
+    constants = kernel_constants(name, dtype, head_dim, config, variant, upcast)
     with device_guard(args[0]):
         KERNELS[name][grid](*args, **constants, num_warps=config.num_warps,
                             num_stages=config.num_stages, maxnreg=config.max_registers)
@@ -307,14 +329,15 @@ def empty_in_layout(t: torch.Tensor, dtype: Optional[torch.dtype] = None) -> tor
     return torch.empty_permuted(t.shape, (*order, 3), dtype=dtype or t.dtype, device=t.device)
 
 
-def _scalars(rel_table, pad, lse, seed, num_nodes, heads, batch_heads, scale, dropout_p):
-    """The trailing kernel arguments shared by the three kernels (without relative keys,
-    the table's pointer is lse, never read)."""
-    has_rel = rel_table.numel() > 0
-    num_types = rel_table.size(-1) if has_rel else 1
-    return (rel_table if has_rel else lse, pad, num_nodes, num_types, heads, batch_heads,
-            float(scale), seed, int(round(dropout_p * 2**24)), 1.0 / (1.0 - dropout_p),
-            int(has_rel))
+def _scalars(rel_table, pad, lse, placeholder_u8, seed, num_nodes, heads, batch_heads, scale, dropout_p):
+    """(``Variant``, the trailing kernel arguments shared by the three kernels): without
+    relative keys the table's pointer is lse, without padding the mask's ``placeholder_u8``,
+    neither read by that variant."""
+    variant = Variant(dropout_p > 0, rel_table.numel() > 0, pad is not None)
+    num_types = rel_table.size(-1) if variant.rel else 1
+    return variant, (rel_table if variant.rel else lse, placeholder_u8 if pad is None else _aligned(pad),
+                     num_nodes, num_types, heads, batch_heads, float(scale), seed,
+                     int(round(dropout_p * 2**24)), 1.0 / (1.0 - dropout_p))
 
 
 # The kernels as torch.library ops on tensors (the plan's tensors, the padding mask, the
@@ -322,29 +345,32 @@ def _scalars(rel_table, pad, lse, seed, num_nodes, heads, batch_heads, scale, dr
 # torch.compile traces them without a graph break. ``attention_forward`` and
 # ``attention_backward`` are their implementations (what a glue count steps into).
 
-def attention_forward(q: Tensor, k: Tensor, v: Tensor, rel_key: Optional[Tensor], pad: Tensor,
+def attention_forward(q: Tensor, k: Tensor, v: Tensor, rel_key: Optional[Tensor], pad: Optional[Tensor],
                       plan: List[Tensor], plan_sizes: List[int], scale: float, dropout_p: float,
                       seed: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-    """q, k, v: [B, H, N, D], any strides (``_in_place``); pad: uint8 [B, N] (1 = absent);
+    """q, k, v: [B, H, N, D], any strides (``_in_place``); pad: uint8 [B, N] (1 = absent),
+    None: every key present (a binary that reads no mask);
     plan: ``TilePlan.tensors()``, plan_sizes: ``TilePlan.sizes()``; seed: int64 tensor on the
     device, its first element read. Returns (out [B, H, N, D] in q's memory order (``empty_in_layout``), lse fp32
-    [B*H, N], the fp32 table scale * q . rel_key [B*H*N, T], [0] without relative keys)."""
+    [B*H, N], the fp32 table scale * log2(e) * q . rel_key [B*H*N, T], [0] without relative
+    keys)."""
     with autocast_off(q.device):
         bsz, heads, num_nodes, dim = q.shape
         bh = bsz * heads
         q, k, v = (_in_place(x) for x in (q, k, v))
-        pad, seed = _aligned(pad), _aligned(seed)
+        seed = _aligned(seed)
         tiles = TilePlan.from_tensors(plan, plan_sizes, num_nodes)
         rel_table = q.new_empty(0, dtype=torch.float32)
-        if rel_key is not None:  # scale * q . rel_key[t] for every row and type
-            rel_table = (_rows_fp32(q) @ rel_key.float().t()).mul_(scale)
+        if rel_key is not None:  # scale * q . rel_key[t] for every row and type, in base 2
+            rel_table = (_rows_fp32(q) @ rel_key.float().t()).mul_(scale * LOG2E)
         out = empty_in_layout(q)
         lse = torch.empty(bh, num_nodes, device=q.device)
         work = tiles.query_work
         part_out = torch.empty(work.num_parts, bh, tiles.block_m, dim, device=q.device)
         part_lse = torch.empty(work.num_parts, bh, tiles.block_m, device=q.device)
-        scalars = _scalars(rel_table, pad, lse, seed, num_nodes, heads, bh, scale, dropout_p)
-        _launch("forward", (work.items.size(0), bh), q.dtype, dim, dropout_p > 0,
+        variant, scalars = _scalars(rel_table, pad, lse, tiles.slot_node.view(torch.uint8), seed, num_nodes, heads, bh,
+                                    scale, dropout_p)
+        _launch("forward", (work.items.size(0), bh), q.dtype, dim, variant,
                 q, k, v, out, lse, part_out, part_lse, tiles.slot_node, work.items,
                 tiles.tile_start, tiles.tile_types, *scalars[:2],
                 *_strides(q), *_strides(k), *_strides(v), *_strides(out), *scalars[2:])
@@ -357,11 +383,11 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, rel_key: Optional[Tensor]
 # blocks. Targets are [B, H, N, D] in any layout (``_strides``); parts are fp32 [parts, B*H,
 # block_m, D] (log-sum-exps [parts, B*H, block_m]), as the tile kernels write them.
 
-def _launch_merge(name: str, target: Tensor, work: WorkItems, *args) -> None:
+def _launch_merge(name: str, target: Tensor, work: WorkItems, *args, variant: Variant = Variant()) -> None:
     """Merge kernel ``name`` for ``target``'s dtype and head dim, one program per (split
     block, sentence x head) of ``work``."""
     bsz, heads, _, dim = target.shape
-    _launch(name, (work.part_index.size(0), bsz * heads), target.dtype, dim, False, *args)
+    _launch(name, (work.part_index.size(0), bsz * heads), target.dtype, dim, variant, *args)
 
 
 def _plan_sizes(work: WorkItems) -> Tuple[int, int]:
@@ -391,7 +417,7 @@ def merge_grad_q(grad_q: Tensor, part_grad_q: Tensor, work: WorkItems, grad_rows
     bsz, heads, num_nodes, _ = grad_q.shape
     _launch_merge("merge_grad_q", grad_q, work, grad_q, part_grad_q, work.part_index, work.split_nodes,
                   grad_rows, rel_key32, *_strides(grad_q), *_plan_sizes(work), num_nodes,
-                  grad_rows.size(-1) if has_rel else 0, heads, bsz * heads, int(has_rel))
+                  grad_rows.size(-1) if has_rel else 0, heads, bsz * heads, variant=Variant(rel=has_rel))
 
 
 def merge_grad_kv(grad_k: Tensor, grad_v: Tensor, part_grad_k: Tensor, part_grad_v: Tensor,
@@ -425,7 +451,7 @@ def _forward_fake(q, k, v, rel_key, pad, plan, plan_sizes, scale, dropout_p, see
 
 
 def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                       rel_key: Optional[Tensor], rel_table: Tensor, pad: Tensor, plan: List[Tensor],
+                       rel_key: Optional[Tensor], rel_table: Tensor, pad: Optional[Tensor], plan: List[Tensor],
                        plan_sizes: List[int], scale: float, dropout_p: float,
                        seed: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """(d q, d k, d v in q's dtype, each in its input's memory order, d rel_key in its own
@@ -436,10 +462,11 @@ def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: T
         bh = bsz * heads
         device = q.device
         grad_out, q, k, v, out = (_in_place(x) for x in (grad_out, q, k, v, out))
-        pad, seed = _aligned(pad), _aligned(seed)
+        seed = _aligned(seed)
         tiles = TilePlan.from_tensors(plan, plan_sizes, num_nodes)
         delta = torch.empty(bh, num_nodes, device=device)  # rowsum(dO * O), by the dQ kernel
-        scalars = _scalars(rel_table, pad, lse, seed, num_nodes, heads, bh, scale, dropout_p)
+        variant, scalars = _scalars(rel_table, pad, lse, tiles.slot_node.view(torch.uint8), seed, num_nodes, heads, bh,
+                                    scale, dropout_p)
 
         work = tiles.query_work
         grad_q = empty_in_layout(q)  # written in q's dtype by the kernel
@@ -447,7 +474,7 @@ def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: T
         grad_rows, rel_key32 = lse, lse  # (pointers never read without relative keys)
         if rel_key is not None:
             grad_rows, rel_key32 = torch.zeros_like(rel_table), _aligned(rel_key.float())
-        _launch("backward_query", (work.items.size(0), bh), q.dtype, dim, dropout_p > 0,
+        _launch("backward_query", (work.items.size(0), bh), q.dtype, dim, variant,
                 q, k, v, out, grad_out, lse, delta, grad_q, part_grad_q, grad_rows, rel_key32,
                 tiles.slot_node, work.items, tiles.tile_start, tiles.tile_types, *scalars[:2],
                 *_strides(q), *_strides(k), *_strides(v), *_strides(out), *_strides(grad_out),
@@ -462,7 +489,7 @@ def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: T
         grad_k, grad_v = empty_in_layout(k, q.dtype), empty_in_layout(v, q.dtype)
         part_grad_k, part_grad_v = (torch.empty(work.num_parts, bh, tiles.block_m, dim,
                                                 device=device) for _ in range(2))
-        _launch("backward_key", (work.items.size(0), bh), q.dtype, dim, dropout_p > 0,
+        _launch("backward_key", (work.items.size(0), bh), q.dtype, dim, variant,
                 q, k, v, grad_out, lse, delta, grad_k, grad_v, part_grad_k, part_grad_v,
                 tiles.slot_node, tiles.slot_node.numel(), work.items, tiles.window_start,
                 tiles.window_types, *scalars[:2], *_strides(q), *_strides(k), *_strides(v),
@@ -529,10 +556,8 @@ def attend(query, key, value, plan: TilePlan, rel_key, key_padding_mask, scale: 
     with dropout."""
     if dropout_p > 0 and seed is None:
         raise ValueError("dropout needs the op's seed tensor: pass seed=registry.dropout_seed(device, dropout_p)")
-    bsz, _, num_nodes, _ = query.shape
-    if key_padding_mask is None:  # one binary for both: a mask with every key present
-        pad = torch.zeros(bsz, num_nodes, device=query.device, dtype=torch.uint8)
-    else:
+    pad = None  # a binary that reads no mask
+    if key_padding_mask is not None:
         pad = key_padding_mask.to(device=query.device, dtype=torch.uint8)
     if seed is None:  # one binary for both: a seed that is never read
         seed = torch.zeros(1, dtype=torch.int64, device=query.device)

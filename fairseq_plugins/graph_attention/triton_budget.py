@@ -100,8 +100,8 @@ def problems(reports: List[triton_aot.CompileReport]) -> List[str]:
 
 def markdown(results: Dict[str, Dict[str, object]]) -> str:
     """The tables of ``--out``'s ``.md``: per version and target the budget's verdict and
-    the extremes, then per binary the registers under every version (a / b: without / with
-    dropout), then the tile loops' instruction counts on sm_90a."""
+    the extremes, then per binary the registers under every version (in the order of
+    ``triton_aot.variants``), then the tile loops' instruction counts on sm_90a."""
     checked = {v: triton_aot.reports_from(r) for v, r in results.items() if r["status"] == "checked"}
     lines = ["# Triton versions: the launched binaries against the budget", "",
              f"Written by `python -m fairseq_plugins.graph_attention.triton_budget --out benchmarks/triton_budget`. "
@@ -131,7 +131,9 @@ def markdown(results: Dict[str, Dict[str, object]]) -> str:
     versions = list(checked)
     capabilities = sorted({r.capability for rs in checked.values() for r in rs})
     lines += ["", "## Registers per binary", "",
-              "a / b: without / with dropout (the merges have no dropout variant); launch: the tile's M x N "
+              "a / b / c / d: the tile kernels without dropout (a: no relative keys or padding, b: relative keys and "
+              "padding), then with dropout (c, d); the dQ merge without / with relative keys; the other merges have "
+              "one binary. Launch: the tile's M x N "
               "(the merges: M rows), warps, stages and register cap, per target; where a later Triton launches a "
               "binary differently (`triton_backend.TRITON_CHANGES`), its launch from that version on follows.", "",
               "| dtype | kernel | D | " + " | ".join(f"sm_{c} launch" for c in capabilities) + " | "
@@ -154,18 +156,19 @@ def markdown(results: Dict[str, Dict[str, object]]) -> str:
         lines.append(f"| {dtype} | {kernel} | {dim} | " + " | ".join(cells) + " |")
     lines += ["", "## Tile loops on sm_90a", "",
               "Static instructions a thread issues per iteration of each tile kernel's loop (one tile), from the "
-              "binary's SASS (`triton_aot.tile_loop`), without dropout; stall: the control bits' fixed stall "
-              "cycles over the loop.", "",
-              "| Triton | dtype | kernel | D | total | tensor core | floating point | integer and address | predicate "
-              "| memory | conversion | uniform | sync and control | stall cycles |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "binary's SASS (`triton_aot.tile_loop`), without dropout, without and with relative keys and padding "
+              "(rel.+pad.); stall: the control bits' fixed stall cycles over the loop.", "",
+              "| Triton | dtype | kernel | D | rel.+pad. | total | tensor core | floating point | integer and address "
+              "| predicate | memory | conversion | uniform | sync and control | stall cycles |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for version, rs in checked.items():
         for r in rs:
             c = r.configuration
             if r.capability != 90 or c.dropout or c.kernel in triton_aot.NO_PRODUCTS or not r.loop:
                 continue
             loop = r.loop
-            lines.append(f"| {version} | {c.dtype} | {c.kernel} | {c.head_dim} | {loop['total']} | "
+            lines.append(f"| {version} | {c.dtype} | {c.kernel} | {c.head_dim} | "
+                         f"{'on' if c.rel_and_padding else 'off'} | {loop['total']} | "
                          + " | ".join(str(loop[k]) for k in ("tensor core", "floating point", "integer and address",
                                                              "predicate", "memory", "conversion", "uniform",
                                                              "sync and control", "stall_cycles")) + " |")

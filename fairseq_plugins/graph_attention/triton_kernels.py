@@ -11,10 +11,19 @@ kernel (below) combines with the block's other parts.
 
 Every tile kernel runs one (work item, batch x head) per program, every merge kernel one
 (split block, batch x head). Scores and softmax statistics
-are fp32; every product has the input precision ``PRECISION`` (tf32x3 for fp32 operands);
-``UPCAST`` casts the loaded operands to fp32 (the interpreter's bf16 ``tl.dot`` is wrong,
-Triton issue 11584). Dropout keeps an edge when a hash of (seed, batch x head, query
-node, key node) passes a threshold, so the backward regenerates the same mask in any order;
+are fp32, in base 2 (log2(e) is folded into the scale and into the caller's relative-key
+table, so the exponentials are ``exp2``; the log-sum-exps written are natural); every product
+has the input precision ``PRECISION`` (tf32x3 for fp32 operands). Relative keys
+(``HAS_REL``), a padding mask (``HAS_PAD``) and dropout (``DROPOUT``) are constexprs: a
+binary without them runs none of their instructions.
+
+Under the interpreter (``UPCAST``, bf16) the operands are loaded as fp32 (its bf16 ``tl.dot``
+is wrong, Triton issue 11584, and its fp32 -> bf16 cast truncates): every value a GPU rounds
+to bf16 (P and dS before their products, the stored rows) is rounded to nearest even in fp32
+by ``_rounded``, so that the CPU tests see the GPU's rounding.
+
+Dropout keeps an edge when a hash of (seed, batch x head, query node, key node) passes a
+threshold, so the backward regenerates the same mask in any order;
 the seed is a device tensor (``seed_ptr``), drawn on the device by the caller.
 
 Every [B, H, N, D] tensor (q, k, v, the output, dO and the gradients) is read or written
@@ -30,15 +39,14 @@ import triton.language as tl
 
 # scalars but the strides are never specialised (on divisibility by 16 or on being 1), and
 # the strides always are multiples of 16 (never 1), so that the binaries launched are
-# exactly those that ``triton_aot`` compiles ahead of time. Relative keys are a
-# runtime flag (it masks the gather and the atomics; a branch would cost registers), padding
-# is always read (an all-present mask without one); only dropout is a constexpr (a branch
-# around the hash costs about 40 registers), so each configuration has two binaries.
+# those that ``triton_aot`` compiles ahead of time.
 # relative-key types per step of the dQ kernel's [rows, types] x [types, D] product
 REL_TYPES_PER_STEP = tl.constexpr(16)
 
 SCALARS = ["num_nodes", "num_types", "heads", "num_batch_heads", "scale", "dropout_threshold",
-           "dropout_scale", "has_rel"]
+           "dropout_scale"]
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
@@ -68,28 +76,46 @@ def _flag(mask, flag):
 
 
 @triton.jit
-def _tile_scores(q, k, types, key_ok, rel_base, query_node, num_types, scale, has_rel,
-                 PRECISION: tl.constexpr):
-    """Scores of one tile (fp32, -inf off the graph or on an absent key) and the edge mask.
+def _rounded(x, like_ptr, UPCAST: tl.constexpr):
+    """fp32 ``x`` rounded to the element type of ``like_ptr`` as a GPU rounds it (to nearest
+    even). Under ``UPCAST`` (the interpreter's bf16) kept in fp32 storage and rounded by its
+    bits, since the interpreter's own cast truncates."""
+    if UPCAST:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+    else:
+        return x.to(like_ptr.dtype.element_ty)
+
+
+@triton.jit
+def _tile_scores(q, k, types, key_ok, rel_base, query_node, num_types, scale2,
+                 PRECISION: tl.constexpr, HAS_REL: tl.constexpr, HAS_PAD: tl.constexpr):
+    """Scores of one tile in base 2 (fp32, -inf off the graph or on an absent key) and the
+    edge mask.
 
     ``q`` is [rows, D] and ``k`` [cols, D]; ``types`` [rows, cols] (-1 = no edge);
-    ``key_ok`` (present keys) and ``query_node`` broadcast to it."""
-    valid = (types >= 0) & key_ok
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-    # gathered from the [N, T] table of scale * q . rel_key[t]; a masked load rather than a
-    # branch, which costs registers (a predicated-off load reads no memory)
-    s += tl.load(rel_base + query_node * num_types + types, mask=_flag(valid, has_rel),
-                 other=0.0)
+    ``key_ok`` (present keys, with ``HAS_PAD``) and ``query_node`` broadcast to it;
+    ``scale2`` is the scale times log2(e)."""
+    valid = types >= 0
+    if HAS_PAD:
+        valid = valid & key_ok
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale2
+    if HAS_REL:  # gathered from the [N, T] table of scale * log2(e) * q . rel_key[t]
+        s += tl.load(rel_base + query_node * num_types + types, mask=valid, other=0.0)
     return tl.where(valid, s, float("-inf")), valid
 
 
 @triton.jit
-def _key_ok(pad_ptr, bh, heads, key_node, num_nodes):
-    """Keys that exist and are present in this sentence ([len(key_node)] bool)."""
+def _key_ok(pad_ptr, bh, heads, key_node, num_nodes, HAS_PAD: tl.constexpr):
+    """Keys that exist and are present in this sentence ([len(key_node)] bool; without
+    ``HAS_PAD``, the keys that exist)."""
     ok = key_node < num_nodes
-    absent = tl.load(pad_ptr + (bh // heads).to(tl.int64) * num_nodes + key_node, mask=ok,
-                     other=1)
-    return ok & (absent == 0)
+    if HAS_PAD:
+        absent = tl.load(pad_ptr + (bh // heads).to(tl.int64) * num_nodes + key_node, mask=ok,
+                         other=1)
+        ok = ok & (absent == 0)
+    return ok
 
 
 @triton.jit
@@ -122,30 +148,31 @@ def _query_rows(slot_node_ptr, block, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def _store_rows(ptr, bh, heads, stride_b, stride_h, stride_n, nodes, present, x, D: tl.constexpr):
-    """Write [len(nodes), D] rows ``x`` of head ``bh`` of a [B, H, N, D] tensor, in its dtype,
-    where ``present``."""
+def _store_rows(ptr, bh, heads, stride_b, stride_h, stride_n, nodes, present, x, D: tl.constexpr,
+                UPCAST: tl.constexpr):
+    """Write [len(nodes), D] rows ``x`` of head ``bh`` of a [B, H, N, D] tensor, in its dtype
+    (rounded as a GPU rounds, ``_rounded``), where ``present``."""
     tl.store(_head(ptr, bh, heads, stride_b, stride_h) + _row_offsets(nodes, stride_n, D),
-             x.to(ptr.dtype.element_ty), mask=present[:, None])
+             _rounded(x, ptr, UPCAST).to(ptr.dtype.element_ty), mask=present[:, None])
 
 
 @triton.jit
 def _forward_tile(q, query_node, tile_start_ptr, tile, types_ptr, k_base, stride_kn, rel_base,
-                  pad_ptr, bh, heads, num_nodes, num_types, scale, has_rel, D: tl.constexpr,
+                  pad_ptr, bh, heads, num_nodes, num_types, scale2, D: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-                  UPCAST: tl.constexpr):
+                  HAS_REL: tl.constexpr, HAS_PAD: tl.constexpr, UPCAST: tl.constexpr):
     """(first key node, key nodes, keys, types, scores, edge mask) of one tile of a query
     block. Its keys are consecutive nodes: their rows are addressed from the first one's
     (one int64 product per tile, the columns' offsets small: fewer registers)."""
     cols = tl.arange(0, BLOCK_N)
     start = tl.load(tile_start_ptr + tile)
     key_node = start + cols
-    key_ok = _key_ok(pad_ptr, bh, heads, key_node, num_nodes)
+    key_ok = _key_ok(pad_ptr, bh, heads, key_node, num_nodes, HAS_PAD)
     k = _load_rows(k_base + start.to(tl.int64) * stride_kn, cols, stride_kn, key_node < num_nodes,
                    D, UPCAST)
     types = tl.load(types_ptr + tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + cols[None, :])
     s, valid = _tile_scores(q, k, types, key_ok[None, :], rel_base, query_node[:, None],
-                            num_types, scale, has_rel, PRECISION)
+                            num_types, scale2, PRECISION, HAS_REL, HAS_PAD)
     return start, key_node, k, types, s, valid
 
 
@@ -165,8 +192,8 @@ def forward_kernel(
     stride_vb: tl.int64, stride_vh: tl.int64, stride_vn: tl.int64,
     stride_ob: tl.int64, stride_oh: tl.int64, stride_on: tl.int64,
     num_nodes, num_types, heads, num_batch_heads, scale, seed_ptr, dropout_threshold, dropout_scale,
-    has_rel, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr, DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
+    D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    DROPOUT: tl.constexpr, HAS_REL: tl.constexpr, HAS_PAD: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Output and log-sum-exp of one query block (or of a part of its tiles)."""
     block, first_tile, end_tile, part = _item(items_ptr)
@@ -178,6 +205,7 @@ def forward_kernel(
     q = _load_rows(_head(q_ptr, bh, heads, stride_qb, stride_qh), query_node, stride_qn,
                    row_present, D, UPCAST)
     rel_base = rel_ptr + bh.to(tl.int64) * num_nodes * num_types
+    scale2 = scale * LOG2E
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -186,13 +214,13 @@ def forward_kernel(
     for tile in range(first_tile, end_tile):
         start, key_node, k, types, s, valid = _forward_tile(
             q, query_node, tile_start_ptr, tile, types_ptr, k_base, stride_kn, rel_base, pad_ptr,
-            bh, heads, num_nodes, num_types, scale, has_rel, D, BLOCK_M, BLOCK_N, PRECISION,
-            UPCAST)
+            bh, heads, num_nodes, num_types, scale2, D, BLOCK_M, BLOCK_N, PRECISION, HAS_REL,
+            HAS_PAD, UPCAST)
         types_ptr += BLOCK_M * BLOCK_N
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row without keys so far
-        p = tl.exp(s - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
+        p = tl.math.exp2(s - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
         if DROPOUT:
             keep = _keep(seed_ptr, bh, query_node[:, None], key_node[None, :], num_nodes,
@@ -200,16 +228,17 @@ def forward_kernel(
             p = tl.where(keep, p * dropout_scale, 0.0)
         v = _load_rows(v_base + start.to(tl.int64) * stride_vn, tl.arange(0, BLOCK_N), stride_vn,
                        key_node < num_nodes, D, UPCAST)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        acc = acc * alpha[:, None] + tl.dot(_rounded(p, v_ptr, UPCAST), v,
+                                            input_precision=PRECISION)
         m_i = m_new
 
     has_key = l_i > 0
     out = acc / tl.where(has_key, l_i, 1.0)[:, None]
-    lse = m_i + tl.log(tl.where(has_key, l_i, 1.0))
+    lse = (m_i + tl.math.log2(tl.where(has_key, l_i, 1.0))) * LN2
     d = tl.arange(0, D)
     if part < 0:  # the block's only item: final rows; a row without a key has lse = +inf
         _store_rows(out_ptr, bh, heads, stride_ob, stride_oh, stride_on, query_node, row_present,
-                    out, D)
+                    out, D, UPCAST)
         tl.store(lse_ptr + bh.to(tl.int64) * num_nodes + query_node,
                  tl.where(has_key, lse, float("inf")), mask=row_present)
     else:  # one part of a split block, merged by log-sum-exp afterwards (-inf = no key)
@@ -229,11 +258,12 @@ def backward_query_kernel(
     stride_dob: tl.int64, stride_doh: tl.int64, stride_don: tl.int64,
     stride_dqb: tl.int64, stride_dqh: tl.int64, stride_dqn: tl.int64,
     num_nodes, num_types, heads, num_batch_heads, scale, seed_ptr, dropout_threshold, dropout_scale,
-    has_rel, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr, DROPOUT: tl.constexpr, UPCAST: tl.constexpr, REL_TERM: tl.constexpr,
+    D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    DROPOUT: tl.constexpr, HAS_REL: tl.constexpr, HAS_PAD: tl.constexpr, UPCAST: tl.constexpr,
+    REL_TERM: tl.constexpr,
 ):
     """dQ of one query block, in the input dtype, or of a part of a split block, in fp32;
-    with has_rel, d(score) summed per (row, edge type) into grad_rel [BH, N, T] (atomics).
+    with ``HAS_REL``, d(score) summed per (row, edge type) into grad_rel [BH, N, T] (atomics).
     Also writes Delta = rowsum(dO * O) of the block's rows, which the key kernel reads
     (every part of a split block writes the same values).
 
@@ -254,38 +284,40 @@ def backward_query_kernel(
                    row_present, D, UPCAST)
     grad_out = _load_rows(_head(grad_out_ptr, bh, heads, stride_dob, stride_doh), query_node,
                           stride_don, row_present, D, UPCAST)
-    lse = tl.load(lse_ptr + vector + query_node, mask=row_present, other=float("inf"))
+    lse2 = tl.load(lse_ptr + vector + query_node, mask=row_present, other=float("inf")) * LOG2E
     out = _load_rows(_head(out_ptr, bh, heads, stride_ob, stride_oh), query_node, stride_on,
                      row_present, D, UPCAST)
     delta = tl.sum(grad_out.to(tl.float32) * out.to(tl.float32), 1)
     tl.store(delta_ptr + vector + query_node, delta, mask=row_present)
     rel_base = rel_ptr + vector * num_types
     grad_rel_base = grad_rel_ptr + vector * num_types
+    scale2 = scale * LOG2E
 
     grad_q = tl.zeros([BLOCK_M, D], tl.float32)
     types_ptr = tile_types_ptr + first_tile.to(tl.int64) * (BLOCK_M * BLOCK_N)
     for tile in range(first_tile, end_tile):
         start, key_node, k, types, s, valid = _forward_tile(
             q, query_node, tile_start_ptr, tile, types_ptr, k_base, stride_kn, rel_base, pad_ptr,
-            bh, heads, num_nodes, num_types, scale, has_rel, D, BLOCK_M, BLOCK_N, PRECISION,
-            UPCAST)
+            bh, heads, num_nodes, num_types, scale2, D, BLOCK_M, BLOCK_N, PRECISION, HAS_REL,
+            HAS_PAD, UPCAST)
         types_ptr += BLOCK_M * BLOCK_N
         v = _load_rows(v_base + start.to(tl.int64) * stride_vn, tl.arange(0, BLOCK_N), stride_vn,
                        key_node < num_nodes, D, UPCAST)
-        p = tl.exp(s - lse[:, None])
+        p = tl.math.exp2(s - lse2[:, None])
         grad_p = tl.dot(grad_out, tl.trans(v), input_precision=PRECISION)
         if DROPOUT:
             keep = _keep(seed_ptr, bh, query_node[:, None], key_node[None, :], num_nodes,
                          dropout_threshold)
             grad_p = tl.where(keep, grad_p * dropout_scale, 0.0)
         grad_s = p * (grad_p - delta[:, None])
-        grad_q += tl.dot(grad_s.to(k.dtype), k, input_precision=PRECISION)
-        tl.atomic_add(grad_rel_base + query_node[:, None] * num_types + types, grad_s,
-                      mask=_flag(valid & row_present[:, None], has_rel), sem="relaxed")
+        grad_q += tl.dot(_rounded(grad_s, k_ptr, UPCAST), k, input_precision=PRECISION)
+        if HAS_REL:
+            tl.atomic_add(grad_rel_base + query_node[:, None] * num_types + types, grad_s,
+                          mask=valid & row_present[:, None], sem="relaxed")
 
     d = tl.arange(0, D)
     if part < 0:
-        if REL_TERM and has_rel != 0:
+        if REL_TERM and HAS_REL:
             tl.debug_barrier()  # every thread's atomics performed before the sums are read
             for first_type in range(0, num_types, REL_TYPES_PER_STEP):
                 rel_type = first_type + tl.arange(0, REL_TYPES_PER_STEP)
@@ -297,7 +329,7 @@ def backward_query_kernel(
                 grad_q += tl.dot(sums, rel_key, input_precision="tf32x3")
         grad_q *= scale
         _store_rows(grad_q_ptr, bh, heads, stride_dqb, stride_dqh, stride_dqn, query_node,
-                    row_present, grad_q, D)
+                    row_present, grad_q, D, UPCAST)
     else:
         grad_q *= scale
         offset = (part.to(tl.int64) * num_batch_heads + bh) * BLOCK_M * D
@@ -316,8 +348,8 @@ def backward_key_kernel(
     stride_dkb: tl.int64, stride_dkh: tl.int64, stride_dkn: tl.int64,
     stride_dvb: tl.int64, stride_dvh: tl.int64, stride_dvn: tl.int64,
     num_nodes, num_types, heads, num_batch_heads, scale, seed_ptr, dropout_threshold, dropout_scale,
-    has_rel, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr, DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
+    D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    DROPOUT: tl.constexpr, HAS_REL: tl.constexpr, HAS_PAD: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """dK, dV of one aligned block of BLOCK_N key nodes (or a part of its windows of BLOCK_M
     query slots): the transposed tiles, so that every product has BLOCK_N rows. Written in
@@ -331,12 +363,13 @@ def backward_key_kernel(
     rows = tl.arange(0, BLOCK_M)
     key_node = block * BLOCK_N + keys
     key_exists = key_node < num_nodes
-    key_ok = _key_ok(pad_ptr, bh, heads, key_node, num_nodes)
+    key_ok = _key_ok(pad_ptr, bh, heads, key_node, num_nodes, HAS_PAD)
     k = _load_rows(_head(k_ptr, bh, heads, stride_kb, stride_kh), key_node, stride_kn,
                    key_exists, D, UPCAST)
     v = _load_rows(_head(v_ptr, bh, heads, stride_vb, stride_vh), key_node, stride_vn,
                    key_exists, D, UPCAST)
     rel_base = rel_ptr + vector * num_types
+    scale2 = scale * LOG2E
 
     grad_k = tl.zeros([BLOCK_N, D], tl.float32)
     grad_v = tl.zeros([BLOCK_N, D], tl.float32)
@@ -348,14 +381,14 @@ def backward_key_kernel(
         query_node = tl.maximum(query_node, 0)
         q = _load_rows(q_base, query_node, stride_qn, row_present, D, UPCAST)
         grad_out = _load_rows(grad_out_base, query_node, stride_don, row_present, D, UPCAST)
-        lse = tl.load(lse_ptr + vector + query_node, mask=row_present, other=float("inf"))
+        lse2 = tl.load(lse_ptr + vector + query_node, mask=row_present, other=float("inf")) * LOG2E
         delta = tl.load(delta_ptr + vector + query_node, mask=row_present, other=0.0)
         types = tl.load(types_ptr + keys[:, None] * BLOCK_M + rows[None, :])
         types_ptr += BLOCK_M * BLOCK_N
         # transposed tile: [keys, query rows]
         s, valid = _tile_scores(k, q, types, key_ok[:, None], rel_base, query_node[None, :],
-                                num_types, scale, has_rel, PRECISION)
-        p = tl.exp(s - lse[None, :])
+                                num_types, scale2, PRECISION, HAS_REL, HAS_PAD)
+        p = tl.math.exp2(s - lse2[None, :])
         grad_p = tl.dot(v, tl.trans(grad_out), input_precision=PRECISION)
         p_dropped = p
         if DROPOUT:
@@ -363,17 +396,18 @@ def backward_key_kernel(
                          dropout_threshold)
             p_dropped = tl.where(keep, p * dropout_scale, 0.0)
             grad_p = tl.where(keep, grad_p * dropout_scale, 0.0)
-        grad_v += tl.dot(p_dropped.to(grad_out.dtype), grad_out, input_precision=PRECISION)
+        grad_v += tl.dot(_rounded(p_dropped, grad_out_ptr, UPCAST), grad_out,
+                         input_precision=PRECISION)
         grad_s = p * (grad_p - delta[None, :])
-        grad_k += tl.dot(grad_s.to(q.dtype), q, input_precision=PRECISION)
+        grad_k += tl.dot(_rounded(grad_s, q_ptr, UPCAST), q, input_precision=PRECISION)
 
     grad_k *= scale
     d = tl.arange(0, D)
     if part < 0:
         _store_rows(grad_k_ptr, bh, heads, stride_dkb, stride_dkh, stride_dkn, key_node, key_exists,
-                    grad_k, D)
+                    grad_k, D, UPCAST)
         _store_rows(grad_v_ptr, bh, heads, stride_dvb, stride_dvh, stride_dvn, key_node, key_exists,
-                    grad_v, D)
+                    grad_v, D, UPCAST)
     else:
         offset = (part.to(tl.int64) * num_batch_heads + bh) * BLOCK_N * D
         offset += keys[:, None] * D + d[None, :]
@@ -439,7 +473,7 @@ def merge_forward_kernel(
     out_ptr, lse_ptr, part_out_ptr, part_lse_ptr, part_index_ptr, split_nodes_ptr,
     stride_ob: tl.int64, stride_oh: tl.int64, stride_on: tl.int64,
     num_parts, max_parts, num_nodes, heads, num_batch_heads,
-    D: tl.constexpr, BLOCK_M: tl.constexpr,
+    D: tl.constexpr, BLOCK_M: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Output and log-sum-exp of a split query block's rows from its parts' normalised
     outputs and log-sum-exps: out = sum_p exp(lse_p - m) out_p / sum_p exp(lse_p - m), lse =
@@ -465,17 +499,18 @@ def merge_forward_kernel(
                                             BLOCK_M)
     total = tl.where(has_key, total, 1.0)
     _store_rows(out_ptr, bh, heads, stride_ob, stride_oh, stride_on, node, present,
-                out / total[:, None], D)
+                out / total[:, None], D, UPCAST)
     tl.store(lse_ptr + bh.to(tl.int64) * num_nodes + node,
              tl.where(has_key, m + tl.log(total), float("inf")), mask=present)
 
 
-@triton.jit(do_not_specialize=MERGE_SCALARS + ["num_nodes", "num_types", "has_rel"])
+@triton.jit(do_not_specialize=MERGE_SCALARS + ["num_nodes", "num_types"])
 def merge_grad_q_kernel(
     grad_q_ptr, part_grad_q_ptr, part_index_ptr, split_nodes_ptr, grad_rel_ptr, rel_key_ptr,
     stride_dqb: tl.int64, stride_dqh: tl.int64, stride_dqn: tl.int64,
-    num_parts, max_parts, num_nodes, num_types, heads, num_batch_heads, has_rel,
-    D: tl.constexpr, BLOCK_M: tl.constexpr, REL_TERM: tl.constexpr,
+    num_parts, max_parts, num_nodes, num_types, heads, num_batch_heads,
+    D: tl.constexpr, BLOCK_M: tl.constexpr, REL_TERM: tl.constexpr, HAS_REL: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     """dQ of a split query block's rows: the sum of its parts (already scaled) and, with
     ``REL_TERM`` and relative keys, the rows' relative-key term sum_t grad_rel[row, t] *
@@ -488,14 +523,14 @@ def merge_grad_q_kernel(
     node, present = _query_rows(split_nodes_ptr, tl.program_id(0), BLOCK_M)
     grad_q = _sum_parts(part_grad_q_ptr, part_index_ptr, bh, num_parts, max_parts,
                         num_batch_heads, D, BLOCK_M)
-    if REL_TERM and has_rel != 0:
+    if REL_TERM and HAS_REL:
         sums = grad_rel_ptr + (bh.to(tl.int64) * num_nodes + node) * num_types
         rel_key = rel_key_ptr + tl.arange(0, D)
         for rel_type in range(num_types):
             grad_q += (tl.load(sums + rel_type, mask=present, other=0.0)[:, None]
                        * tl.load(rel_key + rel_type * D)[None, :])
     _store_rows(grad_q_ptr, bh, heads, stride_dqb, stride_dqh, stride_dqn, node, present, grad_q,
-                D)
+                D, UPCAST)
 
 
 @triton.jit(do_not_specialize=MERGE_SCALARS)
@@ -504,6 +539,7 @@ def merge_grad_kv_kernel(
     stride_dkb: tl.int64, stride_dkh: tl.int64, stride_dkn: tl.int64,
     stride_dvb: tl.int64, stride_dvh: tl.int64, stride_dvn: tl.int64,
     num_parts, max_parts, heads, num_batch_heads, D: tl.constexpr, BLOCK_M: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     """dK and dV of a split key block's rows: the sums of their parts (one launch for both)."""
     bh = tl.program_id(1)
@@ -511,8 +547,8 @@ def merge_grad_kv_kernel(
     grad_k = _sum_parts(part_grad_k_ptr, part_index_ptr, bh, num_parts, max_parts,
                         num_batch_heads, D, BLOCK_M)
     _store_rows(grad_k_ptr, bh, heads, stride_dkb, stride_dkh, stride_dkn, node, present, grad_k,
-                D)
+                D, UPCAST)
     grad_v = _sum_parts(part_grad_v_ptr, part_index_ptr, bh, num_parts, max_parts,
                         num_batch_heads, D, BLOCK_M)
     _store_rows(grad_v_ptr, bh, heads, stride_dvb, stride_dvh, stride_dvn, node, present, grad_v,
-                D)
+                D, UPCAST)

@@ -166,7 +166,8 @@ def test_every_launch_is_a_configuration_of_the_compiled_table(monkeypatch):
     """Every dtype and head dim, with and without relative keys, padding and dropout, split
     blocks (one tile per program: the merges run): each launch has the constexprs, warps,
     stages and argument types that ``triton_aot`` compiles (``UPCAST`` aside, the
-    interpreter's bf16 switch of the tile kernels), every table entry is launched, and the
+    interpreter's bf16 switch), every compiled variant is launched, a variant with relative
+    keys but no padding differs from a compiled one only in those two constexprs, and the
     results match the reference at every tile size of the table."""
     launches = []
     for name in list(triton_backend.KERNELS):
@@ -176,22 +177,26 @@ def test_every_launch_is_a_configuration_of_the_compiled_table(monkeypatch):
     for dtype in triton_backend.GPU_DTYPES:
         for dim in triton_backend.HEAD_DIMS:
             check(graph, [17, 11], dtype, dropout_p=0.2, dim=dim)
-            (q, k, v, _), _, _ = inputs(graph, [17], dtype, dim)
+            check(graph, [17, 11], dtype, dim=dim)
+            (q, k, v, rel), _, _ = inputs(graph, [17], dtype, dim)
             graph_attention(q, k, v, graph, backend="triton").sum().backward()
+            graph_attention(q, k, v, graph, rel, dropout_p=0.2, backend="triton").sum().backward()
+            graph_attention(q, k, v, graph, dropout_p=0.2, backend="triton").sum().backward()
 
-    table = {(c.kernel, c.dtype, c.head_dim, c.dropout): c
+    table = {(c.kernel, c.dtype, c.head_dim, c.dropout, c.rel_and_padding): c
              for c in triton_aot.launched_configurations()}
     seen = set()
     for name, args, kwargs in launches:
         dtype = str(args[0].dtype).replace("torch.", "")
         constants = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages", "maxnreg")}
-        tile_kernel = name not in triton_backend.MERGE_KERNELS
-        assert constants.get("UPCAST", False) == (tile_kernel and dtype == "bfloat16")
-        entry = (name, dtype, constants["D"], constants.get("DROPOUT", False))
+        assert constants["UPCAST"] == (dtype == "bfloat16")
+        rel = constants.get("HAS_REL", False)
+        mixed = name not in triton_backend.MERGE_KERNELS and constants["HAS_PAD"] != rel
+        entry = (name, dtype, constants["D"], constants.get("DROPOUT", False), rel or mixed)
         configuration = table[entry]
-        assert {**constants, "UPCAST": False} == {**triton_aot.compile_constants(configuration),
+        between = dict(HAS_REL=rel, HAS_PAD=constants["HAS_PAD"]) if mixed else {}
+        assert {**constants, "UPCAST": False} == {**triton_aot.compile_constants(configuration), **between,
                                                   "UPCAST": False}
-        assert ("UPCAST" in constants) == tile_kernel
         assert (kwargs["num_warps"], kwargs["num_stages"], kwargs["maxnreg"]) == (
             configuration.num_warps, configuration.num_stages, configuration.max_registers)
         types = triton_aot.signature(triton_backend.KERNELS[name].kernel, dtype, constants)
@@ -200,6 +205,7 @@ def test_every_launch_is_a_configuration_of_the_compiled_table(monkeypatch):
         assert {n: argument_type(n, a) for n, a in zip(names, args)} == {n: types[n] for n in names}
         seen.add(entry)
     assert seen == set(table)
+    assert any(kwargs.get("HAS_REL") and not kwargs.get("HAS_PAD") for _, _, kwargs in launches)
 
 
 def test_the_kernels_of_a_dtype_and_head_dim_share_one_plan():
@@ -530,8 +536,8 @@ def test_the_self_check_catches_dropout_without_its_rescaling(small_self_check, 
     scalars = triton_backend._scalars
 
     def no_rescaling(*args):  # kept probabilities not divided by 1 - p
-        *head, _, has_rel = scalars(*args)
-        return (*head, 1.0, has_rel)
+        variant, (*head, _) = scalars(*args)
+        return variant, (*head, 1.0)
     monkeypatch.setattr(triton_backend, "_scalars", no_rescaling)
     with pytest.raises(RuntimeError, match="kept probability mass"):
         small_self_check()

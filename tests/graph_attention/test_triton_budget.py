@@ -117,3 +117,12 @@ def test_the_tile_loop_is_the_innermost_loop_with_the_products():
     without_products = triton_aot.tile_loop(SASS.replace("HGMMA.64x32x16.F32.BF16", "FMUL"))
     assert without_products["total"] == 8 and without_products["uniform"] == 2
     assert triton_aot.tile_loop("--:-:-:-:5\tEXIT;") is None
+
+
+def test_of_two_loops_with_as_many_products_the_longer_is_the_tile_loop():
+    """The dQ kernel's relative-key term runs a short loop after the tile loop with as many
+    products at head dim 32: the tile loop is the longer one, not the later one."""
+    tile_loop = SASS.split("LBB0:\n")[1].split("--:-:-:-:3\tUIADD3 UR6")[0]
+    term = "LBB2:\n--:-:-:-:4\tHGMMA.64x32x16.F32.BF16 R56, gdesc[UR28], RZ, !UPT;\n--:-:-:-:6\t@P1 BRA LBB2;\n"
+    loop = triton_aot.tile_loop("Function:kernel\n" + tile_loop + term + "--:-:-:-:5\tEXIT;\n")
+    assert loop["total"] == 5 and loop["memory"] == 1

@@ -4,12 +4,13 @@ shared memory within the block limit, tensor cores for the tile kernels (the mer
 blocks have no products: none is required of them). The other Triton versions that torch
 pins are compiled by ``triton_budget`` (``.ci/run``; ``tests/test_triton_budget.py``).
 
-The 162 compiles (each target's launch table, ``triton_backend.launch_table``: 3 tile
-kernels x 3 dtypes x 3 head dims, each with and without dropout, and 3 merge kernels x 3
-dtypes x 3 head dims, for 2 targets) run
-in two fresh processes (``triton_aot.compile_all``): about 4 minutes on a shared 2-core
-machine. ``test_triton_backend`` checks that the backend launches exactly these
-configurations. Skipped without Triton; ``triton_aot`` needs no GPU but Triton's bundled
+The 288 compiles (each target's launch table, ``triton_backend.launch_table``: 3 tile
+kernels x 3 dtypes x 3 head dims, each with and without dropout and without and with
+relative keys and padding, ``triton_aot.variants``, and 3 merge kernels x 3 dtypes x 3 head
+dims, the dQ merge without and with relative keys, for 2 targets) run in two fresh processes
+(``triton_aot.compile_all``): about 2 minutes on an idle 2-core machine.
+``test_triton_backend`` checks that the backend launches these configurations (and, with
+one of relative keys and padding, binaries that differ from them only in those two). Skipped without Triton; ``triton_aot`` needs no GPU but Triton's bundled
 ptxas (or ``TRITON_PTXAS_PATH``).
 """
 
@@ -34,8 +35,8 @@ def reports():
 
 def test_every_launched_configuration_compiles_cleanly_for_sm80_and_sm90a(reports):
     launched = reports[:-1]
-    # targets x (tile kernels x dropout + merges) x dtypes x head dims
-    assert len(launched) == 2 * (3 * 2 + 3) * 3 * 3
+    # targets x (tile kernels x dropout x (none, relative keys + padding) + merges) x dtypes x head dims
+    assert len(launched) == 2 * (3 * 2 * 2 + 4) * 3 * 3
     bad = [f"{r.configuration} sm_{r.capability}: {'; '.join(r.problems())}"
            for r in launched if r.problems()]
     assert not bad, "\n".join(bad)

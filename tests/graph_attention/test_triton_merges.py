@@ -191,3 +191,20 @@ def test_a_plan_without_split_blocks_launches_no_merge(monkeypatch):
                                  plan.query_work)
     triton_backend.merge_grad_kv(out, out, empty, empty, plan.key_work)
     assert not launches and bool((out == 7).all())
+
+
+@pytest.mark.parametrize("per_item", [1, 3, None])
+def test_work_items_run_longest_first(per_item, monkeypatch):
+    """Both sides' items in non-increasing tile counts (the GPU starts programs in grid order:
+    the root's long rows do not run alone at the end), every tile in exactly one item."""
+    if per_item:
+        monkeypatch.setattr(tile_plan, "TILES_PER_ITEM", per_item)
+    plan = tile_plan.build_plan(bpt_graph.__wrapped__(300, 2), 64, 32)
+    for work, num_tiles in ((plan.query_work, plan.tile_start.numel()), (plan.key_work, plan.window_start.numel())):
+        _, begin, end, _ = work.items.long().unbind(1)
+        lengths = end - begin
+        assert bool((lengths[:-1] >= lengths[1:]).all()) and (per_item == 1 or lengths[0] > lengths[-1])
+        covered = torch.zeros(num_tiles, dtype=torch.long)
+        for lo, hi in zip(begin.tolist(), end.tolist()):
+            covered[lo:hi] += 1
+        assert bool((covered == 1).all())
