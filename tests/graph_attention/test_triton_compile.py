@@ -10,8 +10,9 @@ relative keys and padding, ``triton_aot.variants``, and 3 merge kernels x 3 dtyp
 dims, the dQ merge without and with relative keys, for 2 targets) run in two fresh processes
 (``triton_aot.compile_all``): about 2 minutes on an idle 2-core machine.
 ``test_triton_backend`` checks that the backend launches these configurations (and, with
-one of relative keys and padding, binaries that differ from them only in those two). Skipped without Triton; ``triton_aot`` needs no GPU but Triton's bundled
-ptxas (or ``TRITON_PTXAS_PATH``).
+one of relative keys and padding, binaries that differ from them only in those two).
+Skipped without Triton; ``triton_aot`` needs no GPU but Triton's bundled ptxas (or
+``TRITON_PTXAS_PATH``).
 """
 
 import pytest
