@@ -329,6 +329,12 @@ def empty_in_layout(t: torch.Tensor, dtype: Optional[torch.dtype] = None) -> tor
     return torch.empty_permuted(t.shape, (*order, 3), dtype=dtype or t.dtype, device=t.device)
 
 
+def _seed_argument(seed: Optional[Tensor], tiles: TilePlan) -> Tensor:
+    """The dropout seed as the kernels take it: an int64 pointer, without dropout one never
+    read (the plan's slot table viewed as int64: no allocation)."""
+    return tiles.slot_node.view(torch.int64) if seed is None else _aligned(seed)
+
+
 def _scalars(rel_table, pad, lse, placeholder_u8, seed, num_nodes, heads, batch_heads, scale, dropout_p):
     """(``Variant``, the trailing kernel arguments shared by the three kernels): without
     relative keys the table's pointer is lse, without padding the mask's ``placeholder_u8``,
@@ -347,19 +353,19 @@ def _scalars(rel_table, pad, lse, placeholder_u8, seed, num_nodes, heads, batch_
 
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, rel_key: Optional[Tensor], pad: Optional[Tensor],
                       plan: List[Tensor], plan_sizes: List[int], scale: float, dropout_p: float,
-                      seed: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+                      seed: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
     """q, k, v: [B, H, N, D], any strides (``_in_place``); pad: uint8 [B, N] (1 = absent),
-    None: every key present (a binary that reads no mask);
-    plan: ``TilePlan.tensors()``, plan_sizes: ``TilePlan.sizes()``; seed: int64 tensor on the
-    device, its first element read. Returns (out [B, H, N, D] in q's memory order (``empty_in_layout``), lse fp32
-    [B*H, N], the fp32 table scale * log2(e) * q . rel_key [B*H*N, T], [0] without relative
-    keys)."""
+    None: every key present (a binary that reads no mask); plan: ``TilePlan.tensors()``,
+    plan_sizes: ``TilePlan.sizes()``; seed: int64 tensor on the device, its first element read
+    (None without dropout). Returns (out [B, H, N, D] in q's memory order
+    (``empty_in_layout``), lse fp32 [B*H, N], the fp32 table scale * log2(e) * q . rel_key
+    [B*H*N, T], [0] without relative keys)."""
     with autocast_off(q.device):
         bsz, heads, num_nodes, dim = q.shape
         bh = bsz * heads
         q, k, v = (_in_place(x) for x in (q, k, v))
-        seed = _aligned(seed)
         tiles = TilePlan.from_tensors(plan, plan_sizes, num_nodes)
+        seed = _seed_argument(seed, tiles)
         rel_table = q.new_empty(0, dtype=torch.float32)
         if rel_key is not None:  # scale * q . rel_key[t] for every row and type, in base 2
             rel_table = (_rows_fp32(q) @ rel_key.float().t()).mul_(scale * LOG2E)
@@ -453,7 +459,7 @@ def _forward_fake(q, k, v, rel_key, pad, plan, plan_sizes, scale, dropout_p, see
 def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                        rel_key: Optional[Tensor], rel_table: Tensor, pad: Optional[Tensor], plan: List[Tensor],
                        plan_sizes: List[int], scale: float, dropout_p: float,
-                       seed: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                       seed: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """(d q, d k, d v in q's dtype, each in its input's memory order, d rel_key in its own
     dtype, [0] without), recomputed from ``lse``, under the forward's dropout mask (the same
     seed tensor). Every [B, H, N, D] input is read in place (``_in_place``)."""
@@ -462,8 +468,8 @@ def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: T
         bh = bsz * heads
         device = q.device
         grad_out, q, k, v, out = (_in_place(x) for x in (grad_out, q, k, v, out))
-        seed = _aligned(seed)
         tiles = TilePlan.from_tensors(plan, plan_sizes, num_nodes)
+        seed = _seed_argument(seed, tiles)
         delta = torch.empty(bh, num_nodes, device=device)  # rowsum(dO * O), by the dQ kernel
         variant, scalars = _scalars(rel_table, pad, lse, tiles.slot_node.view(torch.uint8), seed, num_nodes, heads, bh,
                                     scale, dropout_p)
@@ -479,8 +485,6 @@ def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: T
                 tiles.slot_node, work.items, tiles.tile_start, tiles.tile_types, *scalars[:2],
                 *_strides(q), *_strides(k), *_strides(v), *_strides(out), *_strides(grad_out),
                 *_strides(grad_q), *scalars[2:])
-        if rel_key is not None:
-            grad_rows.mul_(scale)  # d(score) summed per (row, type), scaled: d rel_key's rows
         merge_grad_q(grad_q, part_grad_q, work, grad_rows, rel_key32, rel_key is not None)
         if rel_key is not None and not adds_rel_term(q.dtype):  # fp32 dQ: the term of every row
             grad_q += (grad_rows @ rel_key32).view(q.shape)
@@ -557,12 +561,11 @@ def attend(query, key, value, plan: TilePlan, rel_key, key_padding_mask, scale: 
     if dropout_p > 0 and seed is None:
         raise ValueError("dropout needs the op's seed tensor: pass seed=registry.dropout_seed(device, dropout_p)")
     pad = None  # a binary that reads no mask
-    if key_padding_mask is not None:
-        pad = key_padding_mask.to(device=query.device, dtype=torch.uint8)
-    if seed is None:  # one binary for both: a seed that is never read
-        seed = torch.zeros(1, dtype=torch.int64, device=query.device)
+    if key_padding_mask is not None:  # bool: viewed as uint8, no copy
+        pad = key_padding_mask.to(query.device)
+        pad = pad.view(torch.uint8) if pad.dtype == torch.bool else pad.to(torch.uint8)
     out, _, _ = forward_op(query, key, value, rel_key, pad, list(plan.tensors()), list(plan.sizes()),
-                           scale, dropout_p, seed)
+                           scale, dropout_p, seed if dropout_p > 0 else None)
     return out
 
 

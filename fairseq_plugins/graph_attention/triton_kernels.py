@@ -263,7 +263,8 @@ def backward_query_kernel(
     REL_TERM: tl.constexpr,
 ):
     """dQ of one query block, in the input dtype, or of a part of a split block, in fp32;
-    with ``HAS_REL``, d(score) summed per (row, edge type) into grad_rel [BH, N, T] (atomics).
+    with ``HAS_REL``, scale * d(score) summed per (row, edge type) into grad_rel [BH, N, T]
+    (atomics: d rel_key's rows, and dQ's relative-key term's weights).
     Also writes Delta = rowsum(dO * O) of the block's rows, which the key kernel reads
     (every part of a split block writes the same values).
 
@@ -312,10 +313,11 @@ def backward_query_kernel(
         grad_s = p * (grad_p - delta[:, None])
         grad_q += tl.dot(_rounded(grad_s, k_ptr, UPCAST), k, input_precision=PRECISION)
         if HAS_REL:
-            tl.atomic_add(grad_rel_base + query_node[:, None] * num_types + types, grad_s,
+            tl.atomic_add(grad_rel_base + query_node[:, None] * num_types + types, grad_s * scale,
                           mask=valid & row_present[:, None], sem="relaxed")
 
     d = tl.arange(0, D)
+    grad_q *= scale
     if part < 0:
         if REL_TERM and HAS_REL:
             tl.debug_barrier()  # every thread's atomics performed before the sums are read
@@ -327,11 +329,9 @@ def backward_query_kernel(
                 rel_key = tl.load(rel_key_ptr + rel_type[:, None] * D + d[None, :],
                                   mask=(rel_type < num_types)[:, None], other=0.0)
                 grad_q += tl.dot(sums, rel_key, input_precision="tf32x3")
-        grad_q *= scale
         _store_rows(grad_q_ptr, bh, heads, stride_dqb, stride_dqh, stride_dqn, query_node,
                     row_present, grad_q, D, UPCAST)
     else:
-        grad_q *= scale
         offset = (part.to(tl.int64) * num_batch_heads + bh) * BLOCK_M * D
         tl.store(part_grad_q_ptr + offset + rows[:, None] * D + d[None, :], grad_q)
 

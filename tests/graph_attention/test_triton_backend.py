@@ -526,7 +526,7 @@ def test_the_self_check_catches_a_backward_that_redraws_the_dropout_mask(small_s
 
     def another_mask(*args):
         *head, seed = args
-        return original(*head, seed + 1)
+        return original(*head, None if seed is None else seed + 1)  # (None: no dropout)
     monkeypatch.setattr(triton_backend, "backward_op", another_mask)
     with pytest.raises(RuntimeError, match="the backward's mask is not the forward's"):
         small_self_check()
