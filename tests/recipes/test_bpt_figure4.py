@@ -1,11 +1,18 @@
 """BPT Figure 4 (Sec 4.1: "we tried different k in {1, 2, 4, 8, 16, 32, 64}") as a table: its dry run
 trains BPT on SST-5 and on IMDB at every k, each with the level clip and lr decay of the original's
-config for that k (yzh119/BPT@3ce980d configs/sst5-K.yml, imdb-K.yml), over Table 1's settings."""
+config for that k (yzh119/BPT@3ce980d configs/sst5-K.yml, imdb-K.yml), over Table 1's settings; one
+row trains and scores for real at a tiny size (no other test runs a BPT classifier row end to end)."""
 
+import json
 import re
 
-from fairseq_plugins.recipes import reproduce_table
+import pytest
+import torch
+
+from fairseq_plugins.recipes import evaluate, reproduce_table, train
 from fairseq_plugins.recipes.config import load_table, run_key, seed_configs
+from tests.classification_data import write_classification
+from tests.cli import FIXTURES
 
 KS = (1, 2, 4, 8, 16, 32, 64)
 # k -> (graph_attrs clip_dist, opt_attrs rate) of the original's configs/sst5-K.yml: sst5-1.yml names no rate
@@ -55,3 +62,26 @@ def test_the_figure_reports_no_numbers_and_its_table_1_points_are_table_1s_runs(
     for point, row in (("bpt-sst5-k2", "bpt-sst5"), ("bpt-imdb-k4", "bpt-imdb")):
         assert [run_key(r) for r in seed_configs(by_id[point])] == [run_key(r) for r in seed_configs(by_id[row])]
     assert by_id["bpt-sst5-k64"]["sources"]["model.graph-rel-clip"].startswith("ours: no original SST-5 config")
+
+
+@pytest.mark.cli
+@pytest.mark.slow
+def test_a_row_trains_at_its_k_and_is_scored(tmp_path, capsys):
+    """bpt-figure4:bpt-imdb-k8 (2 classes, as the tiny corpus) through fairseq-plugins-train and -evaluate,
+    its sizes shrunk by flags after ``--`` (GloVe's tiny 8-d fixture for the 300-d vectors)."""
+    data = write_classification(tmp_path / "sentences")
+    tiny = ["--encoder-layers", "1", "--encoder-embed-dim", "8", "--encoder-ffn-embed-dim", "16",
+            "--encoder-attention-heads", "2", "--encoder-embed-path", str(FIXTURES / "glove" / "tiny.8d.txt"),
+            "--max-update", "4", "--batch-size", "16", "--num-workers", "0", "--log-format", "simple"]
+    row = "bpt-figure4:bpt-imdb-k8"
+    save = train.main([row, "--data", str(data), "--runs-dir", str(tmp_path / "runs"), "--world-size", "0",
+                       "--seed", "1", "--", *tiny])
+    command = capsys.readouterr().out
+    assert " --graph-k 8 --graph-rel-clip 4 " in command and " --arch bpt_classifier_imdb " in command
+    model = torch.load(save / "checkpoint_best.pt", weights_only=False)["cfg"]["model"]
+    assert (model.graph_k, model.graph_rel_clip, model.encoder_layers) == (8, 4, 1)
+    result = evaluate.main([row, "--data", str(data), "--checkpoint", str(save / "checkpoint_best.pt"),
+                            "--results-dir", str(tmp_path / "results")])
+    assert 0.0 <= result["accuracy"] <= 100.0 and result["column"] == "IMDB" and result["row"] == "BPT (k = 8)"
+    saved = json.loads((tmp_path / "results" / "bpt-figure4" / "bpt-imdb-k8.json").read_text())
+    assert saved["accuracy"] == result["accuracy"]
