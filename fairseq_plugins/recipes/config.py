@@ -2,8 +2,9 @@
 ``table_schema``), each row an experiment that trains one model and scores it.
 
 A row is named ``TABLE:ROW`` (``bpt-table4:enwik8-l512``): the table's id, or the path of a table
-file, and the row's id. Resolving a row merges, in order, the ``base:`` files (recursively), the
-table's ``defaults``, the row and its sweep value; its sources merge the same way, and every value
+file, and the row's id. Resolving a row merges, in order, the table's ``base:`` files (recursively),
+the table's ``defaults``, the row's own ``base:`` files (the settings of one column that several tables
+share: IMDB's over SST-5's), the row and its sweep value; its sources merge the same way, and every value
 that is set must have one: ``paper: <section, table or equation>``, ``original: <owner>/<repo>@<commit>
 <file>`` or ``ours: <why>``.
 
@@ -225,8 +226,12 @@ def _resolve_table(path: Path) -> Dict[str, Any]:
             continue
         if not raw.get("id"):
             raise ConfigError(f"{where}: row {raw['row']!r} needs an id (or a why: it is not rerun)")
+        row_common, row_sources = copy.deepcopy(common), dict(sources)
+        for defaults, layer_sources, _ in _layers({"base": raw["base"]}, f"{where}: row {label!r}"):
+            _merge(row_common, defaults)
+            row_sources.update(layer_sources)
         for combo, reported in _sweep(raw, f"{where}: row {label!r}"):
-            cfg = copy.deepcopy(common)
+            cfg = copy.deepcopy(row_common)
             _merge(cfg, raw)
             row_where = f"{where}: row {label!r}"
             for key, value in combo.items():
@@ -242,7 +247,7 @@ def _resolve_table(path: Path) -> Dict[str, Any]:
                        row=_fill(raw["row"], flat, row_where),
                        column=_fill(raw.get("column"), flat, row_where) or spec["columns"][0],
                        reported=reported, note=raw.get("note") or spec.get("note"),
-                       sources={**sources, **raw["sources"]})
+                       sources={**row_sources, **raw["sources"]})
             row_where = f"{where}: row {row_id!r}"
             if cfg["column"] not in spec["columns"]:
                 raise ConfigError(f"{row_where}: column {cfg['column']!r} is not one of {spec['columns']}")

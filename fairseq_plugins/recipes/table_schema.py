@@ -23,6 +23,9 @@ A table file::
         sources: {task.tokens-per-sample: 'paper: Table 4'}
       - {row: 'Transformer-XL', reported: {bpc: 0.99}, why: 'prior work, not rerun'}
 
+A row's ``base: [bpt/base/imdb.yaml]`` merges those files over the table's defaults, under the row:
+the settings of one column (IMDB's) in a table whose defaults are another's (SST-5's).
+
 A row with ``sweep: {model.graph-k: [1, 2, 4]}`` stands for one row per value (several keys: every
 combination); ``{model.graph-k}`` in its ``id``, ``row`` and ``column`` is replaced by the value.
 Values that vary together are a list of cases, each with its own paper number::
@@ -62,6 +65,7 @@ class Settings:
 @dataclass
 class Row(Settings):
     row: str = MISSING  # the label the paper prints
+    base: List[str] = field(default_factory=list)  # settings files merged over the table's defaults, under the row
     id: Optional[str] = None  # the row's key in the table (required for rows that run)
     column: Optional[str] = None  # default: the table's only column
     reported: Dict[str, float] = field(default_factory=dict)  # the paper's numbers, by metric or column

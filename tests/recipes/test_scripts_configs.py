@@ -217,6 +217,24 @@ def test_base_files_merge_first_and_their_sources_count(tmp_path, monkeypatch):
         config_mod.load_table(str(_table(tmp_path, base=["b/outer.yaml"])))
 
 
+def test_a_rows_base_files_merge_over_the_tables_defaults_under_the_row(tmp_path, monkeypatch):
+    """One column's settings (IMDB's) in a table whose defaults are another's (SST-5's): a row's base."""
+    monkeypatch.setattr(config_mod, "CONFIG_DIR", tmp_path)
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "other.yaml").write_text(yaml.safe_dump(
+        {"defaults": {"data": "other", "model": {"dropout": 0.5, "layers": 5}, "train": {"lr": None}},
+         "sources": {"data": "paper: other", "model.dropout": "ours: other", "model.layers": "ours: other"}}))
+    rows = [{"id": "a", "row": "A"}, {"id": "b", "row": "B", "base": ["b/other.yaml"], "model": {"layers": 6},
+                                      "sources": {"model.layers": "ours: b"}}]
+    a, b = config_mod.load_table(str(_table(tmp_path, rows)))["configs"]
+    assert (a["data"], a["model"], a["train"]) == ("multi30k-en-de", {}, {"lr": 0.001})
+    assert (b["data"], b["model"], b["train"], b["arch"]) == ("other", {"dropout": 0.5, "layers": 6}, {}, "transformer")
+    assert (b["sources"]["data"], b["sources"]["model.dropout"], b["sources"]["model.layers"]) == (
+        "paper: other", "ours: other", "ours: b")
+    with pytest.raises(ConfigError, match="row 'b': base 'b/none.yaml' is no file"):
+        config_mod.load_table(str(_table(tmp_path, [dict(rows[1], base=["b/none.yaml"])])))
+
+
 def test_every_shipped_value_has_a_source_and_removing_one_is_refused(tmp_path):
     for cfg in CONFIGS:
         assert set(config_mod.flatten(cfg)) <= set(cfg["sources"]), cfg["name"]
