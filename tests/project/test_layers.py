@@ -18,6 +18,7 @@ LAYERS = [
     "command_line",  # what every console command's parser shares (--version, plain help)
     "fairseq_fixes",  # repairs the installed fairseq
     "fairseq_build",  # builds and installs fairseq with those fixes
+    "registration",  # what models/ and tasks/ run first: the fixes checked, every module imported
     "graphs",  # graph types and builders, pure torch
     "graph_attention",  # the op, its registry and one module per backend
     "data",  # datasets
