@@ -329,21 +329,17 @@ def empty_in_layout(t: torch.Tensor, dtype: Optional[torch.dtype] = None) -> tor
     return torch.empty_permuted(t.shape, (*order, 3), dtype=dtype or t.dtype, device=t.device)
 
 
-def _seed_argument(seed: Optional[Tensor], tiles: TilePlan) -> Tensor:
-    """The dropout seed as the kernels take it: an int64 pointer, without dropout one never
-    read (the plan's slot table viewed as int64: no allocation)."""
-    return tiles.slot_node.view(torch.int64) if seed is None else _aligned(seed)
-
-
-def _scalars(rel_table, pad, lse, placeholder_u8, seed, num_nodes, heads, batch_heads, scale, dropout_p):
-    """(``Variant``, the trailing kernel arguments shared by the three kernels): without
-    relative keys the table's pointer is lse, without padding the mask's ``placeholder_u8``,
-    neither read by that variant."""
+def _scalars(rel_table, pad, lse, seed, tiles: TilePlan, num_nodes, heads, batch_heads, scale, dropout_p):
+    """(``Variant``, the trailing kernel arguments shared by the three kernels). A pointer the
+    variant never reads is another tensor (no allocation): without relative keys the table's
+    is lse, without padding the mask's and without dropout the seed's the plan's slot table
+    (viewed as uint8 and int64)."""
     variant = Variant(dropout_p > 0, rel_table.numel() > 0, pad is not None)
     num_types = rel_table.size(-1) if variant.rel else 1
-    return variant, (rel_table if variant.rel else lse, placeholder_u8 if pad is None else _aligned(pad),
-                     num_nodes, num_types, heads, batch_heads, float(scale), seed,
-                     int(round(dropout_p * 2**24)), 1.0 / (1.0 - dropout_p))
+    pad = tiles.slot_node.view(torch.uint8) if pad is None else _aligned(pad)
+    seed = tiles.slot_node.view(torch.int64) if seed is None else _aligned(seed)
+    return variant, (rel_table if variant.rel else lse, pad, num_nodes, num_types, heads, batch_heads,
+                     float(scale), seed, int(round(dropout_p * 2**24)), 1.0 / (1.0 - dropout_p))
 
 
 # The kernels as torch.library ops on tensors (the plan's tensors, the padding mask, the
@@ -365,7 +361,6 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, rel_key: Optional[Tensor]
         bh = bsz * heads
         q, k, v = (_in_place(x) for x in (q, k, v))
         tiles = TilePlan.from_tensors(plan, plan_sizes, num_nodes)
-        seed = _seed_argument(seed, tiles)
         rel_table = q.new_empty(0, dtype=torch.float32)
         if rel_key is not None:  # scale * q . rel_key[t] for every row and type, in base 2
             rel_table = (_rows_fp32(q) @ rel_key.float().t()).mul_(scale * LOG2E)
@@ -374,7 +369,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, rel_key: Optional[Tensor]
         work = tiles.query_work
         part_out = torch.empty(work.num_parts, bh, tiles.block_m, dim, device=q.device)
         part_lse = torch.empty(work.num_parts, bh, tiles.block_m, device=q.device)
-        variant, scalars = _scalars(rel_table, pad, lse, tiles.slot_node.view(torch.uint8), seed, num_nodes, heads, bh,
+        variant, scalars = _scalars(rel_table, pad, lse, seed, tiles, num_nodes, heads, bh,
                                     scale, dropout_p)
         _launch("forward", (work.items.size(0), bh), q.dtype, dim, variant,
                 q, k, v, out, lse, part_out, part_lse, tiles.slot_node, work.items,
@@ -469,9 +464,8 @@ def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: T
         device = q.device
         grad_out, q, k, v, out = (_in_place(x) for x in (grad_out, q, k, v, out))
         tiles = TilePlan.from_tensors(plan, plan_sizes, num_nodes)
-        seed = _seed_argument(seed, tiles)
         delta = torch.empty(bh, num_nodes, device=device)  # rowsum(dO * O), by the dQ kernel
-        variant, scalars = _scalars(rel_table, pad, lse, tiles.slot_node.view(torch.uint8), seed, num_nodes, heads, bh,
+        variant, scalars = _scalars(rel_table, pad, lse, seed, tiles, num_nodes, heads, bh,
                                     scale, dropout_p)
 
         work = tiles.query_work
