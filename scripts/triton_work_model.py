@@ -19,7 +19,8 @@ uncertain) and from what can be counted without a GPU:
   with the bytes it touches and the host syncs, and the bytes of every kernel's tensor
   arguments, counted by running the backend under Triton's interpreter on a small graph
   with split blocks (a ``TorchDispatchMode`` that pauses while a kernel runs), scaled to
-  the op's size; the merge kernels of split blocks are costed on the GPU like a glue op;
+  the op's size; the merge kernels of split blocks and the relative-key kernels (the table,
+  d rel_key) are costed on the GPU like a glue op;
 * dense attention: compute-bound at the rate FlashAttention's authors measured on an H100
   (FA2, FA3, cuDNN), for the FLOPs of the n tokens;
 * FlexAttention: the graph's non-empty 128 x 128 blocks (all partial: no block of a BPT
@@ -110,15 +111,18 @@ def rate_at(name: str, n: int) -> Tuple[float, float]:
 def plan_work(graph, dim: int, dtype=torch.bfloat16) -> Dict[str, object]:
     """Per (sentence, head), from the plan the backend launches: the tiles each tile kernel
     walks (forward and dQ: the query blocks' tiles; dK/dV: the key blocks' windows), the
-    longest program of each, the tiles' fill."""
+    longest program of each, the tiles' fill, the edge types a forward tile holds (the dQ
+    kernel's loop over them runs once per type)."""
     block_m, block_n = triton_backend.tiles(dtype, dim)
     plan = tile_plan.build_plan(graph, block_m, block_n)
+    types_per_tile = plan.tile_type_ids.numel() / max(plan.num_tiles, 1)
     longest = [int((work.items[:, 2] - work.items[:, 1]).max()) if work.items.numel() else 0
                for work in (plan.query_work, plan.key_work)]
     return {"block_m": block_m, "block_n": block_n,
             "tiles": {"forward": plan.num_tiles, "backward_query": plan.num_tiles, "backward_key": plan.num_windows},
             "longest": {"forward": longest[0], "backward_query": longest[0], "backward_key": longest[1]},
-            "fill": graph.num_edges / (plan.num_tiles * block_m * block_n)}
+            "fill": graph.num_edges / (plan.num_tiles * block_m * block_n),
+            "inner": {"forward": 1.0, "backward_query": types_per_tile, "backward_key": 1.0}}
 
 
 def compiled_kernels(dim: int, dtype: str = "bfloat16", capability: int = 90) -> Dict[str, triton_aot.CompileReport]:
@@ -138,17 +142,21 @@ def compiled_kernels(dim: int, dtype: str = "bfloat16", capability: int = 90) ->
     return heaviest
 
 
-def tile_cycles(report: triton_aot.CompileReport) -> Dict[str, float]:
+def tile_cycles(report: triton_aot.CompileReport, inner: float = 1.0) -> Dict[str, float]:
     """Cycles of one SM per tile of a kernel, by ceiling: issue (each of the block's warps
     issues the loop body: warps x instructions over the SM's issue width), stalls (a warp
     waits at least the fixed stalls per tile; the resident blocks overlap theirs) and the
     tensor cores (the block's FLOPs per tile at the SM's rate); and the cycles one block
-    alone needs per tile (its warps each on their own scheduler), for the tail."""
+    alone needs per tile (its warps each on their own scheduler), for the tail. A loop
+    nested in the tile loop (the dQ kernel's over a tile's edge types) runs ``inner`` times
+    a tile (the SASS counts it once)."""
     warps, loop = report.configuration.num_warps, report.loop
-    return {"issue": warps * loop["total"] / value("issue_width"),
-            "stalls": loop["stall_cycles"] / report.blocks_per_sm,
+    total = loop["total"] + (inner - 1) * loop.get("nested", 0)
+    stalls = loop["stall_cycles"] + (inner - 1) * loop.get("nested_stall_cycles", 0)
+    return {"issue": warps * total / value("issue_width"),
+            "stalls": stalls / report.blocks_per_sm,
             "tensor": warps * loop["tensor_flops"] / value("tensor_flop_per_cycle"),
-            "alone": max(loop["total"], loop["stall_cycles"])}
+            "alone": max(total, stalls), "instructions": total}
 
 
 def flex_blocks(graph, block: int) -> int:
@@ -290,7 +298,7 @@ def count_glue(tokens: int, dim: int) -> Dict[str, object]:
 
 def kernel_estimate(name: str, report, work, pairs: int, nodes: int, glue) -> Dict[str, object]:
     """One tile kernel's GPU time (low, high) and the ceiling that sets it."""
-    cycles = tile_cycles(report)
+    cycles = tile_cycles(report, work["inner"][name])
     tiles = work["tiles"][name] * pairs
     per_graph, per_pair = glue["kernel_bytes"][report.configuration.kernel + "_kernel"]
     memory = nodes * (per_graph + pairs * per_pair) / value("hbm")
@@ -311,8 +319,9 @@ def triton_estimate(graph, n: int, args, glue, kernels) -> Dict[str, object]:
     per_kernel = {name: kernel_estimate(name, kernels[name], work, pairs, graph.num_nodes, glue)
                   for name in TILE_KERNELS}
     kernel_time = tuple(sum(k["time"][i] for k in per_kernel.values()) for i in (0, 1))
+    small_kernels = [glue["kernel_bytes"][name + "_kernel"] for name in triton_backend.REL_KERNELS]
     glue_bytes = [graph.num_nodes * (per_graph + pairs * per_pair)
-                  for per_graph, per_pair in glue["bytes"] + glue["merge_bytes"]]
+                  for per_graph, per_pair in glue["bytes"] + glue["merge_bytes"] + small_kernels]
     glue_gpu = [sum(max(b / value("hbm"), floor) for b in glue_bytes) for floor in value("min_kernel_s")]
     host = [glue["ops"] * a + glue["launches"] * t + p for a, t, p in
             zip(value("aten_launch_s"), value("triton_launch_s"), value("python_s"))]
@@ -367,25 +376,30 @@ def write(rows, glue, kernels, args) -> str:
     for name, (val, unit, why) in ASSUMPTIONS.items():
         shown = "measured table" if isinstance(val, dict) else val
         lines.append(f"| {name} | {shown} | {unit} | {why} |")
+    headline = next((r for r in rows if (r["n"], r["k"]) == (8192, 4)), rows[0])
+    inner = headline["triton"]["work"]["inner"]
     lines += [
         "", "## The compiled kernels (counted)", "",
         f"The binaries launched for bf16, head dim {args.head_dim}, without dropout, compiled for sm_90a by Triton "
         f"{triton.__version__} (`triton_aot`). Loop: the instructions one thread issues per tile (the tile loop of "
-        "the SASS, by class); stalls: the control bits' fixed stall cycles over the loop; cycles per tile on one "
-        "SM: issue = warps x loop / issue width, stalls = stall cycles / blocks per SM, tensor = the block's "
-        "tensor-core FLOPs / FLOP per cycle.", "",
-        "| kernel | tile | warps | stages | registers | shared KiB | blocks/SM | warps/scheduler | loop | tensor core "
-        "| floating point | integer and address | predicate | memory | conversion | uniform | sync and control "
-        "| stalls | cycles/tile: issue | stalls | tensor |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "the SASS, by class; a loop nested in it, the dQ kernel's over the tile's edge types, counted once, its "
+        f"instructions in the nested column); per tile at n {headline['n']}, k {headline['k']} the nested loop runs "
+        f"{inner['backward_query']:.2f} times (the edge types a tile holds, on average): per tile = loop + (times - "
+        "1) x nested. Stalls: the control bits' fixed stall cycles over the loop; cycles per tile on one SM: issue "
+        "= warps x per tile / issue width, stalls = stall cycles / blocks per SM, tensor = the block's tensor-core "
+        "FLOPs / FLOP per cycle.", "",
+        "| kernel | tile | warps | stages | registers | shared KiB | blocks/SM | warps/scheduler | loop | nested "
+        "| per tile | tensor core | floating point | integer and address | predicate | memory | conversion | uniform "
+        "| sync and control | stalls | cycles/tile: issue | stalls | tensor |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name in TILE_KERNELS:
         r = kernels[name]
-        c, loop, cycles = r.configuration, r.loop, tile_cycles(r)
+        c, loop, cycles = r.configuration, r.loop, tile_cycles(r, inner[name])
         lines.append(
             f"| {name} | {c.block_m} x {c.block_n} | {c.num_warps} | {c.num_stages} | {r.registers} | "
             f"{r.shared / 1024:.1f} | {r.blocks_per_sm} | {r.blocks_per_sm * c.num_warps / value('issue_width'):g} | "
-            f"{loop['total']} | " + " | ".join(str(loop[k]) for k in (
+            f"{loop['total']} | {loop['nested']} | {cycles['instructions']:.0f} | " + " | ".join(str(loop[k]) for k in (
                 "tensor core", "floating point", "integer and address", "predicate", "memory", "conversion",
                 "uniform", "sync and control", "stall_cycles"))
             + f" | {cycles['issue']:.0f} | {cycles['stalls']:.0f} | {cycles['tensor']:.0f} |")
@@ -396,8 +410,10 @@ def write(rows, glue, kernels, args) -> str:
         f"One forward + backward run under Triton's interpreter on BPT k = 1 over {glue['tokens']} tokens (bf16, "
         f"relative keys, padding, split blocks): {glue['ops']} PyTorch ops that launch kernels "
         f"({', '.join(glue['names'])}), {glue['launches']} Triton kernel launches ({len(glue['merges'])} of them "
-        f"the merges of split blocks{': ' + ', '.join(glue['merges']) if glue['merges'] else ''}, costed on the "
-        f"GPU like glue ops) and {glue['syncs']} host syncs; run with 1 and 2 heads, so that each op's bytes, and "
+        f"the merges of split blocks{': ' + ', '.join(glue['merges']) if glue['merges'] else ''}, and "
+        f"{len(triton_backend.REL_KERNELS)} the relative-key kernels: {', '.join(triton_backend.REL_KERNELS)}; "
+        f"both costed on the GPU like glue ops) and {glue['syncs']} host syncs; run with 1 and 2 heads, so that "
+        "each op's bytes, and "
         "each kernel's tensor arguments, split into a part per (sentence, head) and node and a part per node, "
         "scaled to the op. Host time of one op, listed: "
         f"{glue['ops']} PyTorch ops x {value('aten_launch_s')[0] * 1e6:g}-{value('aten_launch_s')[1] * 1e6:g} us "
@@ -405,7 +421,6 @@ def write(rows, glue, kernels, args) -> str:
         f"{value('triton_launch_s')[0] * 1e6:g}-{value('triton_launch_s')[1] * 1e6:g} us = {ms(host[1])} ms, "
         f"the op's Python {ms(value('python_s'))} ms.",
     ]
-    headline = next((r for r in rows if (r["n"], r["k"]) == (8192, 4)), rows[0])
     t = headline["triton"]
     lines += [
         "", f"## ESTIMATE at n {headline['n']}, k {headline['k']} (batch {headline['batch']})", "",
@@ -419,7 +434,8 @@ def write(rows, glue, kernels, args) -> str:
     lines += [
         "", "| | estimate ms | this op is faster by |", "|---|---|---|",
         f"| triton kernels | {ms(t['kernels'])} | |",
-        f"| glue on the GPU ({glue['ops']} ops, {len(glue['merges'])} merge kernels) | {ms(t['glue_gpu'])} | |",
+        f"| glue on the GPU ({glue['ops']} ops, {len(glue['merges'])} merge and {len(triton_backend.REL_KERNELS)} "
+        f"relative-key kernels) | {ms(t['glue_gpu'])} | |",
         f"| host ({glue['ops']} ops, {glue['launches']} Triton launches, Python) | {ms(t['host'])} | |",
         f"| **triton op** (max(GPU, host) .. GPU + host) | **{ms(t['total'])}** | |",
     ]

@@ -11,7 +11,9 @@ enough tiles in three steps:
 * forward tiles: each block of ``BLOCK_M`` query slots covers the key nodes it reads with
   the fewest windows of ``BLOCK_N`` consecutive nodes (greedy from the first uncovered key,
   which is optimal for covering points with equal intervals); a tile holds the edge type of
-  every (row, column), -1 where there is no edge. A BPT level's band is one or two tiles.
+  every (row, column), -1 where there is no edge, and the list of the types it holds (the
+  dQ kernel sums d(score) per (row, type) one listed type at a time: no atomics). A BPT
+  level's band is one or two tiles.
 * key windows (key-major backward), the transposed tiles: each aligned block of ``BLOCK_M``
   key nodes covers the query slots that read it with the fewest windows of ``BLOCK_N``
   consecutive slots (so that the products of both sides have ``BLOCK_M`` rows: 64 for
@@ -61,6 +63,9 @@ class TilePlan:
     slot_node: torch.Tensor  # int32 [query blocks * BLOCK_M], graph node of each slot or -1
     tile_start: torch.Tensor  # int32 [tiles], first key node of each forward tile
     tile_types: torch.Tensor  # int16 [tiles, BLOCK_M, BLOCK_N]
+    # the types present in tile i: tile_type_ids[tile_type_start[i]:tile_type_start[i + 1]]
+    tile_type_start: torch.Tensor  # int32 [tiles + 1]
+    tile_type_ids: torch.Tensor  # int32 [(tile, type) pairs], ascending per tile
     query_work: WorkItems  # blocks = query blocks, tiles = forward tiles
     window_start: torch.Tensor  # int32 [windows], first query slot of each window
     window_types: torch.Tensor  # int16 [windows, BLOCK_M keys, BLOCK_N query slots]
@@ -69,7 +74,8 @@ class TilePlan:
     def tensors(self) -> Tuple[torch.Tensor, ...]:
         """The plan's tensors, in the order ``from_tensors`` reads them: what the
         ``torch.library`` ops take in place of the plan object."""
-        return (self.slot_node, self.tile_start, self.tile_types, *_work_tensors(self.query_work),
+        return (self.slot_node, self.tile_start, self.tile_types, self.tile_type_start, self.tile_type_ids,
+                *_work_tensors(self.query_work),
                 self.window_start, self.window_types, *_work_tensors(self.key_work))
 
     def sizes(self) -> Tuple[int, int, int, int]:
@@ -79,12 +85,12 @@ class TilePlan:
     @staticmethod
     def from_tensors(tensors: Sequence[torch.Tensor], sizes: Sequence[int], num_nodes: int) -> "TilePlan":
         """The plan of ``tensors()`` and ``sizes()`` (no copies)."""
-        slot_node, tile_start, tile_types = tensors[:3]
-        window_start, window_types = tensors[3 + WORK_TENSORS:5 + WORK_TENSORS]
-        query, key = tensors[3:3 + WORK_TENSORS], tensors[5 + WORK_TENSORS:]
+        first = 5  # the query side's tensors before its work items
+        window_start, window_types = tensors[first + WORK_TENSORS:first + 2 + WORK_TENSORS]
+        query, key = tensors[first:first + WORK_TENSORS], tensors[first + 2 + WORK_TENSORS:]
         block_m, block_n, query_parts, key_parts = sizes
-        return TilePlan(block_m, block_n, num_nodes, slot_node, tile_start, tile_types,
-                        _work_from(query, query_parts), window_start, window_types, _work_from(key, key_parts))
+        return TilePlan(block_m, block_n, num_nodes, *tensors[:first], _work_from(query, query_parts),
+                        window_start, window_types, _work_from(key, key_parts))
 
     @property
     def num_tiles(self) -> int:
@@ -164,6 +170,16 @@ def _type_tiles(owner, start, edge_owner, edge_position, edge_row, edge_type, ro
     return tiles
 
 
+def _types_per_tile(tile_types: torch.Tensor, num_types: int):
+    """(start int32 [tiles + 1], ids int32): the edge types present in each tile, ascending."""
+    tile = torch.arange(tile_types.size(0)).view(-1, 1, 1).expand_as(tile_types)
+    edge = tile_types >= 0
+    pairs = torch.unique(tile[edge] * num_types + tile_types[edge].long())  # sorted by tile, type
+    counts = torch.bincount(pairs // num_types, minlength=tile_types.size(0))
+    start = F.pad(torch.cumsum(counts, 0), (1, 0))
+    return start.to(torch.int32), (pairs % num_types).to(torch.int32)
+
+
 def _work_items(owner: torch.Tensor, block_nodes: torch.Tensor, tiles_per_item: int) -> WorkItems:
     """Split the tile lists (tiles sorted by owner block) into items of <= tiles_per_item;
     ``block_nodes`` [blocks, BLOCK_M]: the graph node of each block's rows (-1 = none)."""
@@ -217,7 +233,8 @@ def build_plan(graph: AttentionGraph, block_m: int, block_n: int) -> TilePlan:
     key_nodes = torch.where(keys < graph.num_nodes, keys, -1).view(-1, block_m)
     return TilePlan(
         block_m, block_n, graph.num_nodes, slot_node.to(torch.int32),
-        tile_start.to(torch.int32), tile_types, _work_items(tile_block, slot_node.view(-1, block_m), TILES_PER_ITEM),
+        tile_start.to(torch.int32), tile_types, *_types_per_tile(tile_types, graph.num_edge_types),
+        _work_items(tile_block, slot_node.view(-1, block_m), TILES_PER_ITEM),
         window_start.to(torch.int32), window_types, _work_items(window_block, key_nodes, TILES_PER_ITEM))
 
 

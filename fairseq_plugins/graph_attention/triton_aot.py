@@ -55,7 +55,15 @@ MAX_REGISTERS = 240  # the budget: ptxas allows 255; the rest is headroom for ot
 DTYPE_NAMES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 # kernels without a matrix product (weighted sums of their parts' rows): no tensor-core
 # instruction is required of them, and they have no dropout to compile
-NO_PRODUCTS = ("merge_forward", "merge_grad_q", "merge_grad_kv")
+NO_PRODUCTS = ("merge_forward", "merge_grad_q", "merge_grad_kv", "rel_grad_sum")
+
+
+def _rel_kernels():
+    """The relative-key kernels: launched with relative keys only, their products in fp32
+    (tf32 operands) whatever the dtype."""
+    from fairseq_plugins.graph_attention.triton_backend import REL_KERNELS
+
+    return REL_KERNELS
 
 
 @dataclass(frozen=True)
@@ -122,7 +130,7 @@ def tensor_core_instruction(configuration: Configuration, capability: int) -> Op
     (``NO_PRODUCTS``)."""
     if configuration.kernel in NO_PRODUCTS:
         return None
-    t = OPERAND_TYPES[configuration.dtype]
+    t = OPERAND_TYPES["float32" if configuration.kernel in _rel_kernels() else configuration.dtype]
     if capability >= 90 and configuration.block_m >= WARPGROUP_ROWS:
         return rf"wgmma\.mma_async\.sync\.aligned\.m64n\d+k\d+\.f32\.{t}\.{t}"
     return rf"mma\.sync\.aligned\.m16n8k\d+\.row\.col\.f32\.{t}\.{t}\.f32"
@@ -177,7 +185,9 @@ def tile_loop(sass: str) -> Optional[Dict[str, int]]:
     would skip some; the tile kernels' bodies are predicated straight-line code), by
     ``instruction_class``, with their ``total``, ``stall_cycles`` (the fixed stall cycles
     the control bits give after each instruction: the least time one warp needs per
-    iteration) and ``tensor_flops`` (per warp, ``tensor_flops``). None: no loop."""
+    iteration) and ``tensor_flops`` (per warp, ``tensor_flops``); ``nested`` and
+    ``nested_stall_cycles``: those of the loops inside it (the dQ kernel's loop over a
+    tile's edge types), counted once in the totals. None: no loop."""
     rows, labels, loops = [], {}, []
     for line in sass.splitlines():
         label = _LABEL.match(line.strip())
@@ -207,10 +217,17 @@ def tile_loop(sass: str) -> Optional[Dict[str, int]]:
                       if not any(s0 <= s1 and e1 <= e0 and (s1, e1) != (s0, e0) for s1, e1 in candidates)]
     start, end = max(candidates, key=lambda loop: loop[1] - loop[0])
     counts = Counter(instruction_class(op) for _, op in rows[start:end])
-    stalls = sum(int(control.rsplit(":", 1)[1], 16) for control, _ in rows[start:end])
+
+    def stalls(first, last):
+        return sum(int(control.rsplit(":", 1)[1], 16) for control, _ in rows[first:last])
+
+    inner = [(s, e) for s, e in loops if start <= s and e <= end and (s, e) != (start, end)]
+    inner = [(s0, e0) for s0, e0 in inner if not any(s1 <= s0 and e0 <= e1 and (s1, e1) != (s0, e0)
+                                                     for s1, e1 in inner)]
     return {**{name: counts[name] for name in (*INSTRUCTION_CLASSES, "uniform", "sync and control")},
-            "total": end - start, "stall_cycles": stalls,
-            "tensor_flops": sum(tensor_flops(op) for _, op in rows[start:end])}
+            "total": end - start, "stall_cycles": stalls(start, end),
+            "tensor_flops": sum(tensor_flops(op) for _, op in rows[start:end]),
+            "nested": sum(e - s for s, e in inner), "nested_stall_cycles": sum(stalls(s, e) for s, e in inner)}
 
 
 def variants(kernel: str):
@@ -220,6 +237,10 @@ def variants(kernel: str):
     merges' one."""
     if kernel == "merge_grad_q":
         return [(False, False), (False, True)]
+    if kernel in _rel_kernels():
+        return [(False, True)]
+    if kernel == "backward_query_rel_sums":  # relative keys only
+        return [(dropout, True) for dropout in (False, True)]
     if kernel in NO_PRODUCTS:
         return [(False, False)]
     return [(dropout, extras) for dropout in (False, True) for extras in (False, True)]
@@ -262,8 +283,8 @@ def signature(kernel, dtype: str, constants: dict) -> dict:
             types[name] = f"*{element}"
         elif name.endswith("types_ptr"):
             types[name] = "*i16"
-        elif name in ("slot_node_ptr", "items_ptr", "tile_start_ptr", "window_start_ptr",
-                      "part_index_ptr", "split_nodes_ptr"):
+        elif name in ("slot_node_ptr", "items_ptr", "tile_start_ptr", "tile_type_start_ptr",
+                      "tile_type_ids_ptr", "window_start_ptr", "part_index_ptr", "split_nodes_ptr"):
             types[name] = "*i32"
         elif name == "pad_ptr":
             types[name] = "*u8"

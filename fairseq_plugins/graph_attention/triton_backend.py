@@ -13,12 +13,15 @@ Forward and backward are ``torch.library`` ops over the plan's tensors (``forwar
 seed is a tensor on the query's device (``registry.dropout_seed``), never read on the host.
 
 The kernels score in base 2 (``exp2``): the relative-key term is a gathered fp32 table
-scale * log2(e) * q . rel_key[t] ([BH, N, T], one GEMM);
-its gradient, summed per (row, type) in the dQ kernel, becomes d rel_key through one GEMM
-and dQ's relative-key term in the dQ kernel (fp16/bf16; ``adds_rel_term``). dK and dV, and
-dQ without relative keys, use no atomics and are bitwise reproducible; the per-(row, type)
-sums use fp32 atomics, so d rel_key and, with relative keys, dQ may differ in the last bits
-between runs on a GPU.
+scale * log2(e) * q . rel_key[t] ([BH, N, T], made by a kernel of ``triton_rel_kernels``).
+The dQ kernel sums d(score) per (row, type) by the tile's edge types, in the plan's order,
+and adds dQ's relative-key term in fp32 before dQ's one rounding (fp32 and head dim 128:
+the sums in a launch of their own first, ``splits_rel_sums``; fp32 dQ gets the term after
+the kernels); two more kernels turn the sums into d rel_key in a fixed order. No kernel
+uses atomics: dQ, dK, dV and d rel_key are the same bits on every run. Around the kernels
+a forward + backward runs the sums' zeros and, with a half-precision rel_key, its fp32 copy
+(forward and backward) and the cast of its gradient: at most four PyTorch ops; fp32 adds
+the term's GEMM and its addition (three with an fp32 rel_key).
 
 Launch configurations are fixed in ``CONFIGS``, per kernel, dtype and head dim: no
 autotuning is possible without a GPU, so they are chosen by the static limits that
@@ -31,28 +34,42 @@ run under ``TRITON_INTERPRET=1`` (the tests).
 import contextlib
 import dataclasses
 import functools
-import math
 import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 import torch
+import triton
 from torch import Tensor
 
-from fairseq_plugins.graph_attention import triton_kernels  # ImportError without Triton
+from fairseq_plugins.graph_attention import triton_kernels, triton_rel_kernels  # ImportError without Triton
 from fairseq_plugins.graph_attention.precision import autocast_off
 from fairseq_plugins.graph_attention.registry import Backend, release
 from fairseq_plugins.graph_attention.tile_plan import TilePlan, WorkItems, plan_on
 from fairseq_plugins.graphs.attention_graph import AttentionGraph
 
 HEAD_DIMS = (32, 64, 128)
-LOG2E = math.log2(math.e)  # the kernels' scores are in base 2: the relative-key table too
 GPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_BATCH_HEADS = 65535  # grid.y
 MAX_DROPOUT_NODES = 2**16 - 1  # the dropout hash's counter is query * N + key in 32 bits
 # tensor-core input precision: fp32 operands are split into a high and a low tf32 part and
 # multiplied in three tf32 products (about fp32 accuracy); fp16/bf16 operands are exact
 DOT_PRECISION = {torch.float32: "tf32x3", torch.float16: "ieee", torch.bfloat16: "ieee"}
+
+
+def splits_rel_sums(dtype: torch.dtype, head_dim: int, triton_version: Optional[str] = None) -> bool:
+    """Whether the per-(row, type) sums of the dQ kernel run in a launch of their own
+    (``backward_query_rel_sums``, no dQ) before the dQ launch, under Triton ``triton_version``
+    (default: the installed one): where one binary doing both spills, fp32 (at head dims 64
+    and 128; fp32 dQ is never rounded, so its relative-key term can follow the kernels),
+    head dim 128 (fp16/bf16 with dropout under Triton 3.6 on sm_90a) and, under Triton 3.6,
+    head dim 64 (8-24 B on sm_80 and sm_90a). fp16/bf16 dQ then adds the term from the
+    complete sums after its tile loop (split blocks' rows: the dQ merge), in fp32 before its
+    one rounding."""
+    import triton
+
+    old_triton = release(triton_version or triton.__version__) < (3, 7)
+    return dtype == torch.float32 or head_dim == 128 or (head_dim == 64 and old_triton)
 
 
 @dataclass(frozen=True)
@@ -119,6 +136,16 @@ def merge_warps(block_m: int, head_dim: int) -> int:
     return max(4, block_m * head_dim // 1024)
 
 
+# the relative-key kernels (``triton_rel_kernels``), fp32 products whatever the dtype:
+# the table's (block_m rows x block_n types per step), d rel_key's partial sums (block_m
+# types x block_n rows per step, ``REL_CHUNK_STEPS`` steps a chunk) and their sum (block_m
+# types), no pipelining (one product a step, little to prefetch)
+REL_KERNELS = ("rel_table", "rel_grad_partial", "rel_grad_sum")
+REL_CONFIGS = {"rel_table": LaunchConfig(64, 16, 4, 1), "rel_grad_partial": LaunchConfig(16, 64, 4, 1),
+               "rel_grad_sum": LaunchConfig(16, 16, 4, 1)}
+REL_CHUNK_STEPS = 16  # a chunk of d rel_key's partial sums: 16 x 64 rows
+
+
 # (kernel, dtype, head dim) -> the one configuration launched, the three tile kernels each
 # with and without dropout
 CONFIGS: Dict[Tuple[str, torch.dtype, int], LaunchConfig] = {
@@ -130,6 +157,21 @@ CONFIGS.update({(merge, dtype, dim): LaunchConfig(config.block_m, config.block_n
                                                   merge_warps(config.block_m, dim), 1)
                 for (kernel, dtype, dim), config in list(CONFIGS.items()) if kernel == "forward"
                 for merge in MERGE_KERNELS})
+
+
+def _with_rel_sums(table, triton_version: Optional[str] = None):
+    """``table`` with the dQ kernel's launch of the sums alone where they have one
+    (``splits_rel_sums`` under that Triton), configured as the dQ launch (its tiles, warps,
+    stages, cap)."""
+    return {**table, **{("backward_query_rel_sums", dtype, dim): config
+                        for (kernel, dtype, dim), config in table.items()
+                        if kernel == "backward_query" and splits_rel_sums(dtype, dim, triton_version)}}
+
+
+CONFIGS = _with_rel_sums(CONFIGS)
+CONFIGS.update({(kernel, dtype, dim): config for kernel, config in REL_CONFIGS.items()
+                for dtype in (GPU_DTYPES if kernel != "rel_grad_sum" else (torch.float32,))  # (fp32 tensors only)
+                for dim in HEAD_DIMS})
 # capability -> the launches that differ there from ``CONFIGS`` (the sm_90a table), so that
 # every binary meets the budget of ``triton_aot`` (at most 240 registers, no spills) under
 # every Triton that ``triton_budget`` checks; the tiles stay those of ``CONFIGS`` (one plan
@@ -173,7 +215,10 @@ def launch_table(capability: Optional[int] = None,
     triton_release = release(triton_version or triton.__version__)
     changes = [ARCH_CHANGES[80]] if capability is not None and capability < 90 else []
     changes += [table for since, table in sorted(TRITON_CHANGES.items()) if triton_release >= since]
-    return CONFIGS if not changes else {key: config for table in (CONFIGS, *changes) for key, config in table.items()}
+    table = {key: config for table in (CONFIGS, *changes) for key, config in table.items()}
+    table = _with_rel_sums({key: config for key, config in table.items() if key[0] != "backward_query_rel_sums"},
+                           triton_version)
+    return CONFIGS if table == CONFIGS else table
 
 
 @functools.lru_cache(maxsize=None)
@@ -184,7 +229,11 @@ def _capability(device: torch.device) -> Optional[int]:
     return 10 * major + minor
 
 
-KERNELS = {"forward": triton_kernels.forward_kernel,
+KERNELS = {"rel_table": triton_rel_kernels.rel_table_kernel,
+           "backward_query_rel_sums": triton_kernels.backward_query_kernel,
+           "rel_grad_partial": triton_rel_kernels.rel_grad_partial_kernel,
+           "rel_grad_sum": triton_rel_kernels.rel_grad_sum_kernel,
+           "forward": triton_kernels.forward_kernel,
            "backward_query": triton_kernels.backward_query_kernel,
            "backward_key": triton_kernels.backward_key_kernel,
            "merge_forward": triton_kernels.merge_forward_kernel,
@@ -241,14 +290,6 @@ def tiles(dtype: torch.dtype, head_dim: int) -> Tuple[int, int]:
     return config.block_m, config.block_n
 
 
-def adds_rel_term(dtype: torch.dtype) -> bool:
-    """Whether the dQ kernel adds dQ's relative-key term itself (``REL_TERM``): for fp16/bf16,
-    so that dQ is summed in fp32 and rounded once, in the kernel, with no fp32 dQ and no cast
-    around it. fp32 dQ is never rounded, and its head dim 128 binary has no registers to
-    spare for the product (sm_80 spills): the term is added to it after the kernel."""
-    return dtype != torch.float32
-
-
 @dataclass(frozen=True)
 class Variant:
     """Which binary of a kernel a call launches: the features that are constexprs, so that a
@@ -269,7 +310,16 @@ def kernel_constants(kernel: str, dtype: torch.dtype, head_dim: int, config: Lau
     if kernel in MERGE_KERNELS:
         constants = dict(D=head_dim, BLOCK_M=config.block_m, UPCAST=upcast)
         if kernel == "merge_grad_q":
-            constants.update(REL_TERM=adds_rel_term(dtype), HAS_REL=variant.rel)
+            constants.update(HAS_REL=variant.rel, REL_TERM=dtype != torch.float32)
+        return constants
+    if kernel in REL_KERNELS:
+        table = kernel == "rel_table"  # rows x types; the gradient's kernels types x rows
+        constants = dict(D=head_dim, BLOCK_T=config.block_n if table else config.block_m)
+        if kernel != "rel_grad_sum":
+            constants.update(BLOCK_R=config.block_m if table else config.block_n,
+                             PRECISION=DOT_PRECISION[torch.float32])
+        if kernel == "rel_grad_partial":
+            constants["CHUNK_STEPS"] = REL_CHUNK_STEPS
         return constants
     rows, cols = config.block_m, config.block_n
     if kernel == "backward_key":
@@ -277,8 +327,10 @@ def kernel_constants(kernel: str, dtype: torch.dtype, head_dim: int, config: Lau
     constants = dict(D=head_dim, BLOCK_M=rows, BLOCK_N=cols, PRECISION=DOT_PRECISION[dtype],
                      DROPOUT=variant.dropout, HAS_REL=variant.rel, HAS_PAD=variant.padding,
                      UPCAST=upcast)
-    if kernel == "backward_query":
-        constants["REL_TERM"] = adds_rel_term(dtype)
+    if kernel in ("backward_query", "backward_query_rel_sums"):
+        alone, split = kernel == "backward_query_rel_sums", splits_rel_sums(dtype, head_dim)
+        constants.update(GRAD_Q=not alone, REL_SUMS=alone or not split,
+                         REL_TERM=not alone and dtype != torch.float32)
     return constants
 
 
@@ -363,7 +415,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, rel_key: Optional[Tensor]
         tiles = TilePlan.from_tensors(plan, plan_sizes, num_nodes)
         rel_table = q.new_empty(0, dtype=torch.float32)
         if rel_key is not None:  # scale * q . rel_key[t] for every row and type, in base 2
-            rel_table = (_rows_fp32(q) @ rel_key.float().t()).mul_(scale * LOG2E)
+            rel_table = relative_key_table(q, _aligned(rel_key.float()), scale)
         out = empty_in_layout(q)
         lse = torch.empty(bh, num_nodes, device=q.device)
         work = tiles.query_work
@@ -407,18 +459,19 @@ def merge_forward(out: Tensor, lse: Tensor, part_out: Tensor, part_lse: Tensor, 
                   *_strides(out), *_plan_sizes(work), num_nodes, heads, bsz * heads)
 
 
-def merge_grad_q(grad_q: Tensor, part_grad_q: Tensor, work: WorkItems, grad_rows: Tensor,
-                 rel_key32: Tensor, has_rel: bool) -> None:
-    """The rows of split query blocks in ``grad_q``: the sum of their parts and, for fp16/bf16
-    (``adds_rel_term``) with relative keys, their relative-key term grad_rows @ rel_key32
-    (scaled per-(row, type) sums fp32 [B*H*N, T], rel_key fp32 [T, D]; pointers never read
-    without relative keys), rounded once."""
+def merge_grad_q(grad_q: Tensor, part_grad_q: Tensor, work: WorkItems, type_sums: Tensor, rel_key32: Tensor,
+                 num_types: int) -> None:
+    """The rows of split query blocks in ``grad_q``: the sum of their parts, rounded once;
+    with relative keys (``num_types`` > 0) also their per-(row, type) sums in ``type_sums``
+    (the dQ kernel's layout, ``triton_kernels._type_sums_rows``) and, for fp16/bf16, dQ's
+    relative-key term from them (``rel_key32``: fp32 [T, D]). Pointers never read without
+    relative keys."""
     if not work.num_parts:
         return
     bsz, heads, num_nodes, _ = grad_q.shape
     _launch_merge("merge_grad_q", grad_q, work, grad_q, part_grad_q, work.part_index, work.split_nodes,
-                  grad_rows, rel_key32, *_strides(grad_q), *_plan_sizes(work), num_nodes,
-                  grad_rows.size(-1) if has_rel else 0, heads, bsz * heads, variant=Variant(rel=has_rel))
+                  type_sums, rel_key32, *_strides(grad_q), *_plan_sizes(work), num_nodes, max(num_types, 1), heads,
+                  bsz * heads, variant=Variant(rel=num_types > 0))
 
 
 def merge_grad_kv(grad_k: Tensor, grad_v: Tensor, part_grad_k: Tensor, part_grad_v: Tensor,
@@ -433,10 +486,36 @@ def merge_grad_kv(grad_k: Tensor, grad_v: Tensor, part_grad_k: Tensor, part_grad
                   bsz * heads)
 
 
-def _rows_fp32(q: Tensor) -> Tensor:
-    """q as fp32 [B*H*N, D] rows in (sentence, head, node) order, for the relative-key GEMMs:
-    one op that casts and lays out (a reshape of a time-first view would copy again)."""
-    return q.to(torch.float32, memory_format=torch.contiguous_format).reshape(-1, q.size(-1))
+# The relative-key kernels (``triton_rel_kernels``): q is read in place, rel_key as fp32 [T, D];
+# rows are the flat (sentence x head, node) index.
+
+def relative_key_table(q: Tensor, rel_key32: Tensor, scale: float) -> Tensor:
+    """fp32 [B*H*N, T]: scale * log2(e) * q_row . rel_key[t], the tile kernels' table."""
+    bsz, heads, num_nodes, dim = q.shape
+    rows, num_types = bsz * heads * num_nodes, rel_key32.size(0)
+    table = torch.empty(rows, num_types, device=q.device)
+    block = CONFIGS[("rel_table", q.dtype, dim)].block_m
+    _launch("rel_table", (triton.cdiv(rows, block),), q.dtype, dim, Variant(rel=True), q, rel_key32, table,
+            *_strides(q), num_nodes, num_types, heads, float(scale), rows)
+    return table
+
+
+def relative_key_grad(q: Tensor, type_sums: Tensor, num_types: int) -> Tensor:
+    """fp32 [T, D]: d rel_key[t] = sum over rows of type_sums[row, t] * q_row (the dQ kernel's
+    scaled sums; rows past B*H*N, those of split blocks' parts, are not read), summed in a
+    fixed order: chunks of rows, then the chunks in order."""
+    bsz, heads, num_nodes, dim = q.shape
+    rows = bsz * heads * num_nodes
+    partial_config = CONFIGS[("rel_grad_partial", q.dtype, dim)]
+    sum_config = CONFIGS[("rel_grad_sum", torch.float32, dim)]
+    chunks = triton.cdiv(rows, REL_CHUNK_STEPS * partial_config.block_n)
+    partial = torch.empty(chunks, num_types, dim, device=q.device)
+    _launch("rel_grad_partial", (chunks, triton.cdiv(num_types, partial_config.block_m)), q.dtype, dim,
+            Variant(rel=True), q, type_sums, partial, *_strides(q), num_nodes, num_types, heads, rows)
+    grad = torch.empty(num_types, dim, device=q.device)
+    _launch("rel_grad_sum", (triton.cdiv(num_types, sum_config.block_m),), torch.float32, dim, Variant(rel=True),
+            partial, grad, num_types, chunks)
+    return grad
 
 
 forward_op = torch.library.custom_op("fairseq_plugins::triton_graph_attention", mutates_args=())(
@@ -471,17 +550,21 @@ def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: T
         work = tiles.query_work
         grad_q = empty_in_layout(q)  # written in q's dtype by the kernel
         part_grad_q = torch.empty(work.num_parts, bh, tiles.block_m, dim, device=device)
-        grad_rows, rel_key32 = lse, lse  # (pointers never read without relative keys)
-        if rel_key is not None:
-            grad_rows, rel_key32 = torch.zeros_like(rel_table), _aligned(rel_key.float())
-        _launch("backward_query", (work.items.size(0), bh), q.dtype, dim, variant,
-                q, k, v, out, grad_out, lse, delta, grad_q, part_grad_q, grad_rows, rel_key32,
-                tiles.slot_node, work.items, tiles.tile_start, tiles.tile_types, *scalars[:2],
-                *_strides(q), *_strides(k), *_strides(v), *_strides(out), *_strides(grad_out),
-                *_strides(grad_q), *scalars[2:])
-        merge_grad_q(grad_q, part_grad_q, work, grad_rows, rel_key32, rel_key is not None)
-        if rel_key is not None and not adds_rel_term(q.dtype):  # fp32 dQ: the term of every row
-            grad_q += (grad_rows @ rel_key32).view(q.shape)
+        type_sums, rel_key32 = lse, lse  # (pointers never read without relative keys)
+        if rel_key is not None:  # per (row, type), then per (part row, type) of split blocks
+            rel_key32 = _aligned(rel_key.float())
+            type_sums = torch.zeros((bh * num_nodes + work.num_parts * bh * tiles.block_m) * rel_key.size(0),
+                                    device=device)
+        split = rel_key is not None and splits_rel_sums(q.dtype, dim)
+        for kernel in ("backward_query_rel_sums", "backward_query")[not split:]:
+            _launch(kernel, (work.items.size(0), bh), q.dtype, dim, variant,
+                    q, k, v, out, grad_out, lse, delta, grad_q, part_grad_q, type_sums, rel_key32,
+                    tiles.slot_node, work.items, tiles.tile_start, tiles.tile_types, tiles.tile_type_start,
+                    tiles.tile_type_ids, *scalars[:2], *_strides(q), *_strides(k), *_strides(v), *_strides(out),
+                    *_strides(grad_out), *_strides(grad_q), *scalars[2:])
+        merge_grad_q(grad_q, part_grad_q, work, type_sums, rel_key32, rel_key.size(0) if rel_key is not None else 0)
+        if rel_key is not None and q.dtype == torch.float32:  # fp32 dQ: the term of every row
+            grad_q += (type_sums[:bh * num_nodes * rel_key.size(0)].view(bh * num_nodes, -1) @ rel_key32).view(q.shape)
 
         work = tiles.key_work
         grad_k, grad_v = empty_in_layout(k, q.dtype), empty_in_layout(v, q.dtype)
@@ -496,7 +579,7 @@ def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: T
 
         grad_rel = q.new_empty(0)
         if rel_key is not None:
-            grad_rel = (grad_rows.t() @ _rows_fp32(q)).to(rel_key.dtype)
+            grad_rel = relative_key_grad(q, type_sums, rel_key.size(0)).to(rel_key.dtype)
         return grad_q, grad_k, grad_v, grad_rel
 
 

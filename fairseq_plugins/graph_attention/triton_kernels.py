@@ -42,7 +42,6 @@ import triton.language as tl
 # those that ``triton_aot`` compiles ahead of time.
 # relative-key types per step of the dQ kernel's [rows, types] x [types, D] product
 REL_TYPES_PER_STEP = tl.constexpr(16)
-
 SCALARS = ["num_nodes", "num_types", "heads", "num_batch_heads", "scale", "dropout_threshold",
            "dropout_scale"]
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -134,6 +133,20 @@ def _row_offsets(nodes, stride_n, D: tl.constexpr):
 def _load_rows(base, nodes, stride_n, present, D: tl.constexpr, UPCAST: tl.constexpr):
     """[len(nodes), D] rows of one head's [N, D] matrix (zeros where not ``present``)."""
     x = tl.load(base + _row_offsets(nodes, stride_n, D), mask=present[:, None], other=0.0)
+    if UPCAST:
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def _load_columns(base, N: tl.constexpr, stride_n, present, D: tl.constexpr, UPCAST: tl.constexpr):
+    """[D, N] the transposed N consecutive rows from ``base`` of one head's [N, D] matrix
+    (zeros where not ``present``): a product's right operand loaded as it is used, which the
+    compiler stages through shared memory, where it may hold a transpose of the loaded rows
+    in registers (fp32 at head dim 128: 64 a thread, and their tf32 halves; the dQ kernel's
+    binary without dQ spilled). Elsewhere the rows' transpose needs fewer registers."""
+    x = tl.load(base + tl.arange(0, N)[None, :].to(tl.int64) * stride_n + tl.arange(0, D)[:, None],
+                mask=present[None, :], other=0.0)
     if UPCAST:
         x = x.to(tl.float32)
     return x
@@ -247,11 +260,53 @@ def forward_kernel(
         tl.store(part_lse_ptr + offset + rows, tl.where(has_key, lse, float("-inf")))
 
 
+@triton.jit
+def _add_rel_term(grad_q, sums_ptr, present, rel_key_ptr, num_types, D: tl.constexpr):
+    """``grad_q`` (fp32 [rows, D]) plus the rows' relative-key term sum_t sums[row, t] *
+    rel_key[t] (``sums_ptr``: a pointer per row to its complete (row, type) sums; rel_key
+    fp32 [T, D]), as products of ``REL_TYPES_PER_STEP`` types (tf32x3) in type order."""
+    d = tl.arange(0, D)
+    for first_type in range(0, num_types, REL_TYPES_PER_STEP):
+        rel_type = first_type + tl.arange(0, REL_TYPES_PER_STEP)
+        known = rel_type < num_types
+        sums = tl.load(sums_ptr[:, None] + rel_type[None, :], mask=present[:, None] & known[None, :],
+                       other=0.0)
+        rel_key = tl.load(rel_key_ptr + rel_type[:, None] * D + d[None, :], mask=known[:, None], other=0.0)
+        grad_q += tl.dot(sums, rel_key, input_precision="tf32x3")
+    return grad_q
+
+
+@triton.jit
+def _rel_term(sums_ptr, present, rel_key_ptr, num_types, D: tl.constexpr, BLOCK_M: tl.constexpr):
+    """[BLOCK_M, D] fp32 relative-key term sum_t sums[row, t] * rel_key[t] of rows whose
+    complete (row, type) sums start at ``sums_ptr`` (a [BLOCK_M] pointer per row): one FMA
+    per type, in type order (the dQ merge: no products, its fp32 sum kept in registers)."""
+    term = tl.zeros([BLOCK_M, D], tl.float32)
+    rel_key = rel_key_ptr + tl.arange(0, D)
+    for rel_type in range(num_types):
+        term += (tl.load(sums_ptr + rel_type, mask=present, other=0.0)[:, None]
+                 * tl.load(rel_key + rel_type * D)[None, :])
+    return term
+
+
+@triton.jit
+def _type_sums_rows(part, bh, query_node, num_nodes, num_types, num_batch_heads,
+                    BLOCK_M: tl.constexpr):
+    """[BLOCK_M] int64 offsets into grad_rel (``backward_query_kernel``) of the rows' type 0: a
+    block done by one program sums into [BH, N, T], each part of a split block into its own
+    [BLOCK_M, T] rows behind it (parts x BH of them), which the dQ merge adds in order."""
+    behind = num_batch_heads.to(tl.int64) * num_nodes * num_types
+    own = (part.to(tl.int64) * num_batch_heads + bh) * BLOCK_M + tl.arange(0, BLOCK_M)
+    return tl.where(part < 0, (bh.to(tl.int64) * num_nodes + query_node) * num_types,
+                    behind + own * num_types)
+
+
 @triton.jit(do_not_specialize=SCALARS)
 def backward_query_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, grad_out_ptr, lse_ptr, delta_ptr, grad_q_ptr, part_grad_q_ptr,
-    grad_rel_ptr, rel_key_ptr, slot_node_ptr, items_ptr, tile_start_ptr, tile_types_ptr, rel_ptr,
-    pad_ptr, stride_qb: tl.int64, stride_qh: tl.int64, stride_qn: tl.int64,
+    grad_rel_ptr, rel_key_ptr, slot_node_ptr, items_ptr, tile_start_ptr, tile_types_ptr,
+    tile_type_start_ptr, tile_type_ids_ptr, rel_ptr, pad_ptr,
+    stride_qb: tl.int64, stride_qh: tl.int64, stride_qn: tl.int64,
     stride_kb: tl.int64, stride_kh: tl.int64, stride_kn: tl.int64,
     stride_vb: tl.int64, stride_vh: tl.int64, stride_vn: tl.int64,
     stride_ob: tl.int64, stride_oh: tl.int64, stride_on: tl.int64,
@@ -260,26 +315,31 @@ def backward_query_kernel(
     num_nodes, num_types, heads, num_batch_heads, scale, seed_ptr, dropout_threshold, dropout_scale,
     D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
     DROPOUT: tl.constexpr, HAS_REL: tl.constexpr, HAS_PAD: tl.constexpr, UPCAST: tl.constexpr,
-    REL_TERM: tl.constexpr,
+    GRAD_Q: tl.constexpr, REL_SUMS: tl.constexpr, REL_TERM: tl.constexpr,
 ):
-    """dQ of one query block, in the input dtype, or of a part of a split block, in fp32;
-    with ``HAS_REL``, scale * d(score) summed per (row, edge type) into grad_rel [BH, N, T]
-    (atomics: d rel_key's rows, and dQ's relative-key term's weights).
-    Also writes Delta = rowsum(dO * O) of the block's rows, which the key kernel reads
-    (every part of a split block writes the same values).
+    """dQ of one query block, in the input dtype, or of a part of a split block, in fp32
+    (``GRAD_Q``; without, only the per-(row, type) sums below). Also writes Delta =
+    rowsum(dO * O) of the block's rows, which the key kernel reads (every part of a split
+    block, and each launch, writes the same values).
 
-    With ``REL_TERM`` (fp16/bf16), the relative-key term of dQ, sum_t grad_rel[row, t] *
-    rel_key[t] (``rel_key_ptr``: fp32 [T, D]), is added in fp32 before the one rounding to the
-    input dtype, so it needs a row's complete sums: a block done by one program adds it here
-    (its rows' sums are all its own atomics: after a barrier, read back from L2); the parts of
-    a split block leave it to ``merge_grad_q_kernel``, which adds it to their fp32 sum.
-    Without (fp32), the caller adds it to the fp32 dQ."""
+    With ``HAS_REL`` and ``REL_SUMS``, per tile and per edge type the tile holds (the plan's
+    list, ascending), d(score) summed over the row's columns of that type, times scale, is
+    added to the row's (row, type) sum in ``grad_rel_ptr`` (zeros before the first launch;
+    its layout: ``_type_sums_rows``), from which d rel_key is computed: one store a step,
+    with a barrier after it, in the plan's order; no atomics, the same bits on every run.
+    With ``REL_TERM`` (fp16/bf16) a block done by one program then adds dQ's relative-key
+    term from its rows' complete sums, in fp32 before dQ's one rounding (split blocks' rows:
+    the dQ merge; fp32 dQ, never rounded: the caller, after the kernels).
+
+    Where one binary doing both spills (``triton_backend.splits_rel_sums``), a launch with
+    ``REL_SUMS`` alone makes the sums first and then one with ``GRAD_Q`` alone dQ."""
     block, first_tile, end_tile, part = _item(items_ptr)
     bh = tl.program_id(1)
     k_base = _head(k_ptr, bh, heads, stride_kb, stride_kh)
     v_base = _head(v_ptr, bh, heads, stride_vb, stride_vh)
     vector = bh.to(tl.int64) * num_nodes
     rows = tl.arange(0, BLOCK_M)
+    d = tl.arange(0, D)
     query_node, row_present = _query_rows(slot_node_ptr, block, BLOCK_M)
     q = _load_rows(_head(q_ptr, bh, heads, stride_qb, stride_qh), query_node, stride_qn,
                    row_present, D, UPCAST)
@@ -291,10 +351,13 @@ def backward_query_kernel(
     delta = tl.sum(grad_out.to(tl.float32) * out.to(tl.float32), 1)
     tl.store(delta_ptr + vector + query_node, delta, mask=row_present)
     rel_base = rel_ptr + vector * num_types
-    grad_rel_base = grad_rel_ptr + vector * num_types
+    type_sums = grad_rel_ptr + _type_sums_rows(part, bh, query_node, num_nodes, num_types,
+                                               num_batch_heads, BLOCK_M)
+    sums_kept = row_present | (part >= 0)
     scale2 = scale * LOG2E
 
-    grad_q = tl.zeros([BLOCK_M, D], tl.float32)
+    if GRAD_Q:
+        grad_q = tl.zeros([BLOCK_M, D], tl.float32)
     types_ptr = tile_types_ptr + first_tile.to(tl.int64) * (BLOCK_M * BLOCK_N)
     for tile in range(first_tile, end_tile):
         start, key_node, k, types, s, valid = _forward_tile(
@@ -302,38 +365,48 @@ def backward_query_kernel(
             bh, heads, num_nodes, num_types, scale2, D, BLOCK_M, BLOCK_N, PRECISION, HAS_REL,
             HAS_PAD, UPCAST)
         types_ptr += BLOCK_M * BLOCK_N
-        v = _load_rows(v_base + start.to(tl.int64) * stride_vn, tl.arange(0, BLOCK_N), stride_vn,
-                       key_node < num_nodes, D, UPCAST)
+        v_base_tile = v_base + start.to(tl.int64) * stride_vn
+        if GRAD_Q:
+            v = _load_rows(v_base_tile, tl.arange(0, BLOCK_N), stride_vn, key_node < num_nodes, D,
+                           UPCAST)
+            grad_p = tl.dot(grad_out, tl.trans(v), input_precision=PRECISION)
+        else:  # the sums alone: v as columns (its rows' transpose would spill, see there)
+            grad_p = tl.dot(grad_out, _load_columns(v_base_tile, BLOCK_N, stride_vn, key_node < num_nodes,
+                                                    D, UPCAST), input_precision=PRECISION)
         p = tl.math.exp2(s - lse2[:, None])
-        grad_p = tl.dot(grad_out, tl.trans(v), input_precision=PRECISION)
         if DROPOUT:
             keep = _keep(seed_ptr, bh, query_node[:, None], key_node[None, :], num_nodes,
                          dropout_threshold)
             grad_p = tl.where(keep, grad_p * dropout_scale, 0.0)
         grad_s = p * (grad_p - delta[:, None])
-        grad_q += tl.dot(_rounded(grad_s, k_ptr, UPCAST), k, input_precision=PRECISION)
-        if HAS_REL:
-            tl.atomic_add(grad_rel_base + query_node[:, None] * num_types + types, grad_s * scale,
-                          mask=valid & row_present[:, None], sem="relaxed")
+        if GRAD_Q:
+            grad_q += tl.dot(_rounded(grad_s, k_ptr, UPCAST), k, input_precision=PRECISION)
+        if HAS_REL and REL_SUMS:
+            # the types where a score is (the rest adds p = 0): in the scores' layout, so
+            # that the loop below compares without moving the tile between layouts
+            score_type = tl.where(s != float("-inf"), types, -1)
+            for listed in range(tl.load(tile_type_start_ptr + tile),
+                                tl.load(tile_type_start_ptr + tile + 1)):
+                rel_type = tl.load(tile_type_ids_ptr + listed)
+                by_type = tl.sum(tl.where(score_type == rel_type, grad_s, 0.0), 1)
+                sums = type_sums + rel_type
+                tl.store(sums, tl.load(sums, mask=sums_kept, other=0.0) + by_type * scale,
+                         mask=sums_kept)
+                # the next read of a sum may be another thread's (the compiler lays the
+                # loads and stores out as it likes): the block's stores first
+                tl.debug_barrier()
 
-    d = tl.arange(0, D)
-    grad_q *= scale
-    if part < 0:
-        if REL_TERM and HAS_REL:
-            tl.debug_barrier()  # every thread's atomics performed before the sums are read
-            for first_type in range(0, num_types, REL_TYPES_PER_STEP):
-                rel_type = first_type + tl.arange(0, REL_TYPES_PER_STEP)
-                sums = tl.load(grad_rel_base + query_node[:, None] * num_types + rel_type[None, :],
-                               mask=row_present[:, None] & (rel_type < num_types)[None, :],
-                               other=0.0, cache_modifier=".cg")
-                rel_key = tl.load(rel_key_ptr + rel_type[:, None] * D + d[None, :],
-                                  mask=(rel_type < num_types)[:, None], other=0.0)
-                grad_q += tl.dot(sums, rel_key, input_precision="tf32x3")
-        _store_rows(grad_q_ptr, bh, heads, stride_dqb, stride_dqh, stride_dqn, query_node,
-                    row_present, grad_q, D, UPCAST)
-    else:
-        offset = (part.to(tl.int64) * num_batch_heads + bh) * BLOCK_M * D
-        tl.store(part_grad_q_ptr + offset + rows[:, None] * D + d[None, :], grad_q)
+    if GRAD_Q:
+        grad_q *= scale
+        if part < 0:
+            if HAS_REL and REL_TERM:  # the block's complete sums (scaled already)
+                grad_q = _add_rel_term(grad_q, grad_rel_ptr + (vector + query_node) * num_types,
+                                       row_present, rel_key_ptr, num_types, D)
+            _store_rows(grad_q_ptr, bh, heads, stride_dqb, stride_dqh, stride_dqn, query_node,
+                        row_present, grad_q, D, UPCAST)
+        else:
+            offset = (part.to(tl.int64) * num_batch_heads + bh) * BLOCK_M * D
+            tl.store(part_grad_q_ptr + offset + rows[:, None] * D + d[None, :], grad_q)
 
 
 @triton.jit(do_not_specialize=SCALARS + ["num_slots"])
@@ -509,26 +582,34 @@ def merge_grad_q_kernel(
     grad_q_ptr, part_grad_q_ptr, part_index_ptr, split_nodes_ptr, grad_rel_ptr, rel_key_ptr,
     stride_dqb: tl.int64, stride_dqh: tl.int64, stride_dqn: tl.int64,
     num_parts, max_parts, num_nodes, num_types, heads, num_batch_heads,
-    D: tl.constexpr, BLOCK_M: tl.constexpr, REL_TERM: tl.constexpr, HAS_REL: tl.constexpr,
+    D: tl.constexpr, BLOCK_M: tl.constexpr, HAS_REL: tl.constexpr, REL_TERM: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    """dQ of a split query block's rows: the sum of its parts (already scaled) and, with
-    ``REL_TERM`` and relative keys, the rows' relative-key term sum_t grad_rel[row, t] *
-    rel_key[t] (``grad_rel_ptr``: the scaled per-(row, type) sums [BH, N, T], complete once
-    the dQ kernel has run; ``rel_key_ptr``: fp32 [T, D]), added in fp32 before the one
-    rounding to dQ's dtype. The term is an FMA per type: only the split rows (the top spans)
-    need it, and this keeps their fp32 sum in registers (no gather, GEMM and fp32 rows
-    around the kernel)."""
+    """dQ of a split query block's rows: the sum of its parts, rounded once; with ``HAS_REL``
+    also the rows' per-(row, type) sums in grad_rel, the sums of the parts' own rows
+    (``_type_sums_rows``), in the plan's order, and with ``REL_TERM`` (fp16/bf16) dQ's
+    relative-key term from the merged sums (``rel_key_ptr``: fp32 [T, D]) before the
+    rounding."""
     bh = tl.program_id(1)
     node, present = _query_rows(split_nodes_ptr, tl.program_id(0), BLOCK_M)
+    if HAS_REL:  # (before dQ's sum: its registers are not held through these loops)
+        index = part_index_ptr + tl.program_id(0) * max_parts
+        target = grad_rel_ptr + (bh.to(tl.int64) * num_nodes + node) * num_types
+        for p in range(max_parts):
+            part = tl.load(index + p)
+            real = part < num_parts
+            rows = grad_rel_ptr + _type_sums_rows(tl.where(real, part, 0), bh, node, num_nodes,
+                                                  num_types, num_batch_heads, BLOCK_M)
+            for rel_type in range(num_types):
+                sums = target + rel_type
+                total = tl.load(sums, mask=_flag(present, p > 0), other=0.0)  # (the first part's replace)
+                tl.store(sums, total + tl.load(rows + rel_type, mask=_flag(present, real), other=0.0),
+                         mask=present)
+            tl.debug_barrier()  # the next part's read of a sum may be another thread's
     grad_q = _sum_parts(part_grad_q_ptr, part_index_ptr, bh, num_parts, max_parts,
                         num_batch_heads, D, BLOCK_M)
-    if REL_TERM and HAS_REL:
-        sums = grad_rel_ptr + (bh.to(tl.int64) * num_nodes + node) * num_types
-        rel_key = rel_key_ptr + tl.arange(0, D)
-        for rel_type in range(num_types):
-            grad_q += (tl.load(sums + rel_type, mask=present, other=0.0)[:, None]
-                       * tl.load(rel_key + rel_type * D)[None, :])
+    if HAS_REL and REL_TERM:
+        grad_q += _rel_term(target, present, rel_key_ptr, num_types, D, BLOCK_M)
     _store_rows(grad_q_ptr, bh, heads, stride_dqb, stride_dqh, stride_dqn, node, present, grad_q,
                 D, UPCAST)
 

@@ -189,9 +189,9 @@ def test_every_launch_is_a_configuration_of_the_compiled_table(monkeypatch):
     for name, args, kwargs in launches:
         dtype = str(args[0].dtype).replace("torch.", "")
         constants = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages", "maxnreg")}
-        assert constants["UPCAST"] == (dtype == "bfloat16")
-        rel = constants.get("HAS_REL", False)
-        mixed = name not in triton_backend.MERGE_KERNELS and constants["HAS_PAD"] != rel
+        assert constants.get("UPCAST", dtype == "bfloat16") == (dtype == "bfloat16")  # (fp32 products: none)
+        rel = constants.get("HAS_REL", name in triton_backend.REL_KERNELS)
+        mixed = "HAS_PAD" in constants and constants["HAS_PAD"] != rel
         entry = (name, dtype, constants["D"], constants.get("DROPOUT", False), rel or mixed)
         configuration = table[entry]
         between = dict(HAS_REL=rel, HAS_PAD=constants["HAS_PAD"]) if mixed else {}
@@ -211,9 +211,24 @@ def test_every_launch_is_a_configuration_of_the_compiled_table(monkeypatch):
 def test_the_kernels_of_a_dtype_and_head_dim_share_one_plan():
     for dtype in triton_backend.GPU_DTYPES:
         for dim in triton_backend.HEAD_DIMS:
-            shapes = {(c.block_m, c.block_n) for (_, t, d), c in triton_backend.CONFIGS.items()
-                      if (t, d) == (dtype, dim)}
+            shapes = {(c.block_m, c.block_n) for (kernel, t, d), c in triton_backend.CONFIGS.items()
+                      if (t, d) == (dtype, dim) and kernel not in triton_backend.REL_KERNELS}
             assert shapes == {triton_backend.tiles(dtype, dim)}
+
+
+@pytest.mark.parametrize("per_item", [tile_plan.TILES_PER_ITEM, 1], ids=["whole", "split"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_half_precision_at_head_dim_128_matches_the_reference(dtype, per_item):
+    """Where the per-(row, type) sums have a launch of their own (``splits_rel_sums``): dQ's
+    relative-key term from the complete sums, added by the dQ kernel after its tile loop
+    (blocks done by one program) or by the dQ merge (split blocks)."""
+    graph = bpt_graph(64, 2)
+    assert triton_backend.splits_rel_sums(dtype, 128)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tile_plan, "TILES_PER_ITEM", per_item)
+        plan = tile_plan.build_plan(graph, *triton_backend.tiles(dtype, 128))
+    assert bool(plan.query_work.num_parts) == (per_item == 1)
+    check(graph, [64, 40], dtype, plan=plan, dim=128)
 
 
 @pytest.mark.parametrize("dim", [32, 128])
@@ -308,7 +323,8 @@ def test_every_launch_runs_under_a_guard_for_its_tensors_device(monkeypatch):
     graph = bpt_graph(9, 1)
     (q, k, v, rel), _, _ = inputs(graph, [9], torch.float32)
     graph_attention(q, k, v, graph, rel, backend="triton").sum().backward()
-    assert launches == ["forward", "backward_query", "backward_key"]
+    assert launches == ["rel_table", "forward", "backward_query_rel_sums", "backward_query", "backward_key",
+                        "rel_grad_partial", "rel_grad_sum"]  # (fp32: the sums in a launch of their own)
 
 
 class GuardChecker(LaunchRecorder):
@@ -562,7 +578,8 @@ def offsets_beyond_int32_case(layout: str):
     key_items[:, 0] += shift // block_m  # aligned key blocks: shift is a multiple of block_m
     moved = tile_plan.TilePlan(
         block_m, block_n, num_nodes, torch.where(plan.slot_node >= 0, plan.slot_node + shift, -1),
-        plan.tile_start + shift, plan.tile_types, plan.query_work, plan.window_start, plan.window_types,
+        plan.tile_start + shift, plan.tile_types, plan.tile_type_start, plan.tile_type_ids,
+        plan.query_work, plan.window_start, plan.window_types,
         dataclasses.replace(plan.key_work, items=key_items))
     if layout == "heads":
         qkv = torch.empty(1, heads, num_nodes, dim, dtype=torch.float16)  # q = k = v

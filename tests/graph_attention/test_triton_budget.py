@@ -119,6 +119,16 @@ def test_the_tile_loop_is_the_innermost_loop_with_the_products():
     assert triton_aot.tile_loop("--:-:-:-:5\tEXIT;") is None
 
 
+def test_a_loop_inside_the_tile_loop_is_counted_as_nested():
+    """The dQ kernel's loop over a tile's edge types (no products) lies inside the tile loop:
+    its instructions are in the tile loop's once, and in ``nested``."""
+    inner = "LBB2:\n--:-:-:-:2\tFADD R9, R9, R7;\n--:-:-:-:3\t@P2 BRA LBB2;\n"
+    loop = triton_aot.tile_loop(SASS.replace("--:-:-:-:6\t@P1 BRA LBB1;", inner + "--:-:-:-:6\t@P1 BRA LBB1;"))
+    assert loop["total"] == 7 and loop["tensor core"] == 1
+    assert loop["nested"] == 2 and loop["nested_stall_cycles"] == 2 + 3
+    assert triton_aot.tile_loop(SASS)["nested"] == 0
+
+
 def test_of_two_loops_with_as_many_products_the_longer_is_the_tile_loop():
     """The dQ kernel's relative-key term runs a short loop after the tile loop with as many
     products at head dim 32: the tile loop is the longer one, not the later one."""

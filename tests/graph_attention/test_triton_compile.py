@@ -4,11 +4,14 @@ shared memory within the block limit, tensor cores for the tile kernels (the mer
 blocks have no products: none is required of them). The other Triton versions that torch
 pins are compiled by ``triton_budget`` (``.ci/run``; ``tests/test_triton_budget.py``).
 
-The 288 compiles (each target's launch table, ``triton_backend.launch_table``: 3 tile
-kernels x 3 dtypes x 3 head dims, each with and without dropout and without and with
-relative keys and padding, ``triton_aot.variants``, and 3 merge kernels x 3 dtypes x 3 head
-dims, the dQ merge without and with relative keys, for 2 targets) run in two fresh processes
-(``triton_aot.compile_all``): about 2 minutes on an idle 2-core machine.
+The 350 compiles under Triton 3.7 and later (each target's launch table,
+``triton_backend.launch_table``: 3 tile kernels x 3 dtypes x 3 head dims, each with and
+without dropout and without and with relative keys and padding, ``triton_aot.variants``;
+the dQ kernel's launch of the per-(row, type) sums alone where it has one, with and without
+dropout; 3 merge kernels x 3 dtypes x 3 head dims, the dQ merge without and with relative
+keys; the relative-key table and d rel_key's partial sums x 3 dtypes x 3 head dims and
+their sum x 3 head dims; for 2 targets) run in two fresh processes
+(``triton_aot.compile_all``): about 2.5 minutes on an idle 2-core machine.
 ``test_triton_backend`` checks that the backend launches these configurations (and, with
 one of relative keys and padding, binaries that differ from them only in those two).
 Skipped without Triton; ``triton_aot`` needs no GPU but Triton's bundled ptxas (or
@@ -35,9 +38,14 @@ def reports():
 
 
 def test_every_launched_configuration_compiles_cleanly_for_sm80_and_sm90a(reports):
+    from fairseq_plugins.graph_attention.triton_backend import GPU_DTYPES, HEAD_DIMS, splits_rel_sums
+
     launched = reports[:-1]
-    # targets x (tile kernels x dropout x (none, relative keys + padding) + merges) x dtypes x head dims
-    assert len(launched) == 2 * (3 * 2 * 2 + 4) * 3 * 3
+    splits = sum(splits_rel_sums(dtype, dim) for dtype in GPU_DTYPES for dim in HEAD_DIMS)
+    # targets x ((tile kernels x dropout x (none, relative keys + padding) + merges + the
+    # relative-key table and partial sums) x dtypes x head dims + the sums' launches x
+    # dropout + the partial sums' sum x head dims)
+    assert len(launched) == 2 * ((3 * 2 * 2 + 4 + 2) * 3 * 3 + splits * 2 + 3)
     bad = [f"{r.configuration} sm_{r.capability}: {'; '.join(r.problems())}"
            for r in launched if r.problems()]
     assert not bad, "\n".join(bad)
@@ -92,13 +100,18 @@ def test_each_architecture_has_a_launch_table_with_the_same_tiles():
     for capability in (80, 90):
         for version in ("3.6.0", "3.7.1", "3.8.0", "3.9.0+git1234"):
             table = triton_backend.launch_table(capability, version)
-            assert set(table) == set(triton_backend.CONFIGS)
+            alone = "backward_query_rel_sums"  # where the dQ kernel's sums have a launch of their own
+            assert {k for k in table if k[0] != alone} == {k for k in triton_backend.CONFIGS if k[0] != alone}
+            assert {k for k in table if k[0] == alone} == {
+                (alone, dtype, dim) for dtype in triton_backend.GPU_DTYPES for dim in triton_backend.HEAD_DIMS
+                if triton_backend.splits_rel_sums(dtype, dim, version)}
             for key, config in table.items():
-                assert (config.block_m, config.block_n) == (sm90[key].block_m, sm90[key].block_n), key
+                tiles = sm90[key if key[0] != alone else ("backward_query", *key[1:])]
+                assert (config.block_m, config.block_n) == (tiles.block_m, tiles.block_n), key
                 assert config.max_registers in (None, triton_aot.MAX_REGISTERS)
         # a release's changes hold from it on, and change only their entries
         changed = {key for key, config in triton_backend.launch_table(capability, "3.8.0").items()
-                   if config != triton_backend.launch_table(capability, "3.7.1")[key]}
+                   if config != triton_backend.launch_table(capability, "3.7.1")[key] and key[0] != alone}
         assert changed == set(triton_backend.TRITON_CHANGES[(3, 8)])
         later = triton_backend.launch_table(capability, "3.9.0+git1234")
         assert later == triton_backend.launch_table(capability, "3.8.0")

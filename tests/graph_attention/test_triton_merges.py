@@ -64,24 +64,24 @@ def reference_merge_sum(target, parts, work, term=None) -> None:
 # ------------------------------------------------------------------ cases
 
 
-def split_plan(dtype, tiles_per_item=1, tokens=40, k=1):
+def split_plan(dtype, tiles_per_item=1, tokens=40, k=1, dim=DIM):
     """A plan whose blocks of more than ``tiles_per_item`` tiles are split, at the tile size
-    that the kernels of ``dtype`` and DIM run; a fresh graph (``bpt_graph``'s are shared)."""
+    that the kernels of ``dtype`` and ``dim`` run; a fresh graph (``bpt_graph``'s are shared)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(tile_plan, "TILES_PER_ITEM", tiles_per_item)
         graph = bpt_graph.__wrapped__(tokens, k)
-        plan = tile_plan.build_plan(graph, *triton_backend.tiles(dtype, DIM))
+        plan = tile_plan.build_plan(graph, *triton_backend.tiles(dtype, dim))
     for work in (plan.query_work, plan.key_work):
         assert work.num_parts and bool((work.part_index == work.num_parts).any()), "no padded part"
     return graph, plan
 
 
-def target(num_nodes, dtype, layout, fill=7.0):
-    """[BSZ, HEADS, N, DIM] filled with ``fill`` (rows the merge must not touch), contiguous
-    or a view of a time-first [N, BSZ, HEADS, DIM] tensor."""
+def target(num_nodes, dtype, layout, fill=7.0, dim=DIM):
+    """[BSZ, HEADS, N, dim] filled with ``fill`` (rows the merge must not touch), contiguous
+    or a view of a time-first [N, BSZ, HEADS, dim] tensor."""
     if layout == "time-first":
-        return torch.full((num_nodes, BSZ, HEADS, DIM), fill, dtype=dtype).permute(1, 2, 0, 3)
-    return torch.full((BSZ, HEADS, num_nodes, DIM), fill, dtype=dtype)
+        return torch.full((num_nodes, BSZ, HEADS, dim), fill, dtype=dtype).permute(1, 2, 0, 3)
+    return torch.full((BSZ, HEADS, num_nodes, dim), fill, dtype=dtype)
 
 
 def parts(work, block_m, gen, dim=DIM):
@@ -134,31 +134,44 @@ def test_the_forward_merge_matches_the_reference(dtype, layout):
 
 @pytest.mark.parametrize("with_rel", [True, False], ids=["rel_key", "no_rel_key"])
 @pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dim", [DIM, 128])
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
-def test_the_dq_merge_matches_the_reference(dtype, layout, with_rel):
-    """fp16/bf16 (``adds_rel_term``): the split rows' relative-key term joins the parts' fp32
-    sum before the one rounding; fp32: the merge sums the parts only (the backward adds the
-    term to every row after it)."""
-    graph, plan = split_plan(dtype)
+def test_the_dq_merge_matches_the_reference(dtype, dim, layout, with_rel):
+    """The parts' fp32 sum, rounded once; with relative keys also the split rows'
+    per-(row, type) sums: the parts' own rows behind the [BH, N, T] sums
+    (``triton_kernels._type_sums_rows``), summed in the plan's order, other rows untouched;
+    for fp16/bf16 the merge adds dQ's relative-key term from the merged sums before the
+    rounding (fp32 dQ gets it after the kernels), at head dim 128 too (where the sums have a
+    launch of their own, ``splits_rel_sums``)."""
+    graph, plan = split_plan(dtype, dim=dim)
     work, n = plan.query_work, graph.num_nodes
     gen = torch.Generator().manual_seed(1)
-    part_grad_q = parts(work, plan.block_m, gen)
-    num_types = graph.num_edge_types
-    grad_rows = torch.randn(BSZ * HEADS * n, num_types, generator=gen)
-    rel_key = torch.randn(num_types, DIM, generator=gen)
+    part_grad_q = parts(work, plan.block_m, gen, dim=dim)
+    num_types = graph.num_edge_types if with_rel else 0
+    part_sums = parts(work, plan.block_m, gen, dim=max(num_types, 1))
+    type_sums = torch.cat([torch.full((BSZ * HEADS * n * max(num_types, 1),), 7.0), part_sums.flatten()])
+    rel_key = torch.randn(max(num_types, 1), dim, generator=gen)
+    grad_q, expected = target(n, dtype, layout, dim=dim), target(n, dtype, layout, dim=dim)
+    triton_backend.merge_grad_q(grad_q, part_grad_q, work, type_sums, rel_key, num_types)
+    adds_term = with_rel and dtype != torch.float32
 
-    def term(nodes):  # the relative-key term of these nodes, fp32 [BH, nodes, D]
-        return grad_rows.view(BSZ * HEADS, n, -1)[:, nodes] @ rel_key
+    def term(nodes):  # the relative-key term of these nodes from their merged sums, fp32 [BH, nodes, D]
+        merged = torch.zeros(BSZ * HEADS, n, num_types)
+        reference_merge_sum(merged, part_sums, work)
+        return merged[:, nodes] @ rel_key
 
-    adds_term = with_rel and triton_backend.adds_rel_term(dtype)
-    grad_q, expected = target(n, dtype, layout), target(n, dtype, layout)
-    triton_backend.merge_grad_q(grad_q, part_grad_q, work, grad_rows, rel_key, with_rel)
     reference_merge_sum(expected, part_grad_q, work, term if adds_term else None)
     assert_same(grad_q, expected)
     if adds_term:  # the term is not negligible next to the parts' sum
-        without = target(n, dtype, layout)
+        without = target(n, dtype, layout, dim=dim)
         reference_merge_sum(without, part_grad_q, work)
         assert (without.float() - expected.float()).abs().max() > 1
+    merged = type_sums[:BSZ * HEADS * n * max(num_types, 1)].view(BSZ * HEADS, n, -1)
+    expected_sums = torch.full_like(merged, 7.0)
+    if with_rel:
+        reference_merge_sum(expected_sums, part_sums, work)
+    assert_same(merged, expected_sums)
+    assert_same(type_sums[merged.numel():], part_sums.flatten())  # the parts are read only
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -208,3 +221,40 @@ def test_work_items_run_longest_first(per_item, monkeypatch):
         for lo, hi in zip(begin.tolist(), end.tolist()):
             covered[lo:hi] += 1
         assert bool((covered == 1).all())
+
+
+def test_the_tiles_list_every_edge_type_they_hold():
+    """The dQ kernel sums d(score) per (row, type) over the types a tile lists: each tile's
+    list is exactly its types, ascending (a missing type would drop its gradient)."""
+    plan = tile_plan.build_plan(bpt_graph.__wrapped__(300, 2), 64, 32)
+    start, ids = plan.tile_type_start.long(), plan.tile_type_ids.long()
+    assert start[0] == 0 and start[-1] == ids.numel() == start.numel() - 1 + int((start[1:] - start[:-1] - 1).sum())
+    for tile in range(plan.num_tiles):
+        present = torch.unique(plan.tile_types[tile].long())
+        assert ids[start[tile]:start[tile + 1]].tolist() == present[present >= 0].tolist()
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_gradients_do_not_depend_on_the_order_programs_run(dtype):
+    """Split blocks, relative keys: the work items in the plan's order and reversed (a GPU
+    runs programs in any order) give the same bits of dQ, dK, dV and d rel_key: no atomics,
+    every sum in a fixed order (fp32 atomics of the per-(row, type) sums differed)."""
+    import dataclasses
+
+    graph, plan = split_plan(dtype)
+    reverse = dataclasses.replace(plan, query_work=dataclasses.replace(
+        plan.query_work, items=plan.query_work.items.flip(0)), key_work=dataclasses.replace(
+        plan.key_work, items=plan.key_work.items.flip(0)))
+    gen = torch.Generator().manual_seed(3)
+    leaves = [torch.randn(BSZ, HEADS, graph.num_nodes, DIM, generator=gen).to(dtype) for _ in range(3)]
+    leaves.append(torch.randn(graph.num_edge_types, DIM, generator=gen))
+    grad_out = torch.randn(BSZ, HEADS, graph.num_nodes, DIM, generator=gen).to(dtype)
+    grads = []
+    for order in (plan, reverse):
+        inputs = [x.clone().requires_grad_() for x in leaves]
+        out = triton_backend.attend(*inputs[:3], order, inputs[3], None, DIM ** -0.5, 0.0)
+        out.backward(grad_out)
+        grads.append([x.grad for x in inputs])
+    for first, second in zip(*grads):
+        assert torch.equal(first, second)
+    assert grads[0][3].abs().sum() > 0

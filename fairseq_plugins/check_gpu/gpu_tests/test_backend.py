@@ -30,7 +30,7 @@ SMALL = os.environ.get("FAIRSEQ_PLUGINS_CHECK_SIZE", "full") == "small"
 
 # what the backends promise beyond the op itself
 NO_DROPOUT = {"flex"}
-BIT_REPRODUCIBLE = {"cuda", "cpu", "torch"}  # no atomics in their backward
+BIT_REPRODUCIBLE = {"cuda", "cpu", "torch", "triton"}  # no atomics in their backward
 KERNEL_HEAD_DIMS = {"triton": (32, 64, 128), "cuda": (32, 64, 128)}
 
 GRAPHS = {**TILED_GRAPHS, "random-n300": (lambda: random_graph(300, 12, 9), [300, 300])}
