@@ -30,7 +30,12 @@ from fairseq_plugins.graph_attention import triton_aot  # noqa: E402
 OVERSIZED = triton_aot.Configuration("forward", "float16", 128, 128, 64, 4, 2, False)
 
 
-@pytest.fixture(scope="module")
+# session-scoped, and the module's tests on one xdist worker: a module-scoped fixture is
+# torn down when the worker runs another module's tests in between, and computed again
+pytestmark = pytest.mark.xdist_group("triton_compile")
+
+
+@pytest.fixture(scope="session")
 def reports():
     jobs = [(c, cc) for cc in sorted(triton_aot.TARGETS)
             for c in triton_aot.launched_configurations(cc)]
